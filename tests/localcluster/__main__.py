@@ -1,0 +1,5 @@
+import sys
+
+from tests.localcluster.cluster import main
+
+sys.exit(main())
