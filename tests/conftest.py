@@ -86,7 +86,7 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def api_client(cluster: Cluster):  # type: ignore[no-untyped-def]
-    from kubernetes import client, config
+    from kubernetes import config
 
     return config.new_client_from_config(config_file=cluster.kubeconfig)
 

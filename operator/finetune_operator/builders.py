@@ -1,0 +1,260 @@
+"""Pure builders: a parsed FineTuneJob in, Kubernetes objects (plain dicts) out. No I/O here.
+
+Objects per job J with N nodes (DESIGN.md): headless Service ``J``, ConfigMap ``J-config`` with the
+trainer's config JSON, and Pods ``J-node-0 … J-node-(N-1)`` carrying the rendezvous env contract.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from finetune_operator.settings import (
+    API_VERSION,
+    CONFIG_DIR,
+    CONFIG_FILE,
+    CONFIG_VERSION,
+    KIND,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_RANK,
+    MASTER_PORT,
+    METRICS_PORT,
+    OUTPUT_MOUNT,
+    Settings,
+)
+from finetune_operator.spec import JobSpec
+
+CONTAINER = "trainer"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Identity of a FineTuneJob, enough to name and own its children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
+                "controller": True, "blockOwnerDeletion": True}
+
+
+def pod_name(job: str, rank: int) -> str:
+    return f"{job}-node-{rank}"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def master_addr(job: str) -> str:
+    return f"{pod_name(job, 0)}.{job}"
+
+
+def output_path(ref: JobRef, spec: JobSpec) -> str:
+    sub = spec.output.path or f"{ref.namespace}/{ref.name}"
+    return f"{OUTPUT_MOUNT}/{sub}"
+
+
+def selector_labels(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job}
+
+
+def common_labels(job: str, component: str) -> dict[str, str]:
+    return {
+        LABEL_JOB: job,
+        "app.kubernetes.io/name": "finetune-trainer",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "finetune-operator",
+    }
+
+
+def _meta(ref: JobRef, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+          ) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ref.namespace, "labels": labels,
+                            "ownerReferences": [ref.owner_reference()]}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def build_service(ref: JobRef) -> dict[str, Any]:
+    """Headless Service J: gives rank 0 the stable name ``J-node-0.J`` before it is ready."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(ref, ref.name, common_labels(ref.name, "rendezvous")),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(ref.name),
+            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT},
+                      {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT}],
+        },
+    }
+
+
+def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
+    """The config JSON contract read by the trainer (trainer-image/.../config.schema.json)."""
+    t = spec.training
+    return {
+        "configVersion": CONFIG_VERSION,
+        "job": {"name": ref.name, "namespace": ref.namespace},
+        "task": spec.task,
+        "model": {"name": spec.model.name, "path": spec.model.path, "revision": spec.model.revision,
+                  "initFromConfig": spec.model.init_from_config,
+                  "trustRemoteCode": spec.model.trust_remote_code},
+        "dataset": {"name": spec.dataset.name, "config": spec.dataset.config, "split": spec.dataset.split,
+                    "evalSplit": spec.dataset.eval_split, "path": spec.dataset.path,
+                    "format": spec.dataset.format, "textField": spec.dataset.text_field,
+                    "textPairField": spec.dataset.text_pair_field, "labelField": spec.dataset.label_field},
+        "training": {
+            "epochs": t.epochs, "maxSteps": t.max_steps, "perDeviceBatchSize": t.per_device_batch_size,
+            "gradientAccumulationSteps": t.gradient_accumulation_steps, "learningRate": t.learning_rate,
+            "maxSeqLength": t.max_seq_length, "precision": t.precision, "seed": t.seed,
+            "checkpointEverySteps": t.checkpoint_every_steps, "keepCheckpoints": t.keep_checkpoints,
+            "evaluation": {"strategy": t.evaluation.strategy, "everySteps": t.evaluation.every_steps},
+            "extraArgs": dict(t.extra_args),
+            "lora": None if t.lora is None else {
+                "r": t.lora.r, "alpha": t.lora.alpha if t.lora.alpha is not None else 2 * t.lora.r,
+                "dropout": t.lora.dropout, "targetModules": list(t.lora.target_modules)},
+        },
+        "acceleration": spec.acceleration,
+        "output": {"path": output_path(ref, spec)},
+        "metrics": {"port": METRICS_PORT},
+        "preflight": {"timeoutSeconds": spec.rendezvous_timeout_seconds},
+    }
+
+
+def build_config_map(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(ref, config_map_name(ref.name), common_labels(ref.name, "config")),
+        "data": {CONFIG_FILE: json.dumps(trainer_config(ref, spec), indent=2, sort_keys=True)},
+    }
+
+
+def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list[dict[str, str]]:
+    """The rendezvous env of one pod (DESIGN.md); torchrun reads every PET_* as a flag default."""
+    addr = master_addr(ref.name)
+    pairs = [
+        ("PET_NNODES", spec.nodes), ("NNODES", spec.nodes),
+        ("PET_NPROC_PER_NODE", spec.procs_per_node), ("NPROC_PER_NODE", spec.procs_per_node),
+        ("PET_NODE_RANK", rank), ("NODE_RANK", rank),
+        ("PET_MASTER_ADDR", addr), ("MASTER_ADDR", addr),
+        ("PET_MASTER_PORT", MASTER_PORT), ("MASTER_PORT", MASTER_PORT),
+        ("WORLD_SIZE", spec.world_size),
+        ("FINETUNE_JOB_NAME", ref.name), ("FINETUNE_NAMESPACE", ref.namespace),
+        ("FINETUNE_ATTEMPT", attempt),
+        ("FINETUNE_CONFIG", f"{CONFIG_DIR}/{CONFIG_FILE}"),
+    ]
+    return [{"name": k, "value": str(v)} for k, v in pairs]
+
+
+def _kueue(spec: JobSpec, ref: JobRef, attempt: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Kueue plain-pod group: one group per attempt, so a gang restart is a fresh admission."""
+    if not spec.queue_name:
+        return {}, {}
+    return ({"kueue.x-k8s.io/queue-name": spec.queue_name,
+             "kueue.x-k8s.io/pod-group-name": f"{ref.name}-attempt-{attempt}"},
+            {"kueue.x-k8s.io/pod-group-total-count": str(spec.nodes)})
+
+
+def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: Settings) -> dict[str, Any]:
+    name = pod_name(ref.name, rank)
+    kueue_labels, kueue_annotations = _kueue(spec, ref, attempt)
+    labels = {**spec.pod_template.labels, **kueue_labels, **common_labels(ref.name, "trainer"),
+              LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}
+    annotations = {**spec.pod_template.annotations, **kueue_annotations}
+
+    env: list[dict[str, Any]] = list(env_contract(ref, spec, rank=rank, attempt=attempt))
+    user_env_names = {e["name"] for e in spec.env}
+    if "HF_HOME" not in user_env_names:
+        env.append({"name": "HF_HOME", "value": "/tmp/huggingface"})
+    env.extend(spec.env)
+    if spec.hf_token:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": spec.hf_token.name, "key": spec.hf_token.key}}})
+
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "output", "mountPath": OUTPUT_MOUNT},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(ref.name)}},
+        {"name": "output", "persistentVolumeClaim": {"claimName": spec.output.claim_name}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    for v in spec.pod_template.volumes:
+        mounts.append({"name": v.name, "mountPath": v.mount_path, "readOnly": v.read_only})
+        volumes.append({"name": v.name, **v.source})
+
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image or settings.default_image,
+        "imagePullPolicy": spec.image_pull_policy or settings.image_pull_policy,
+        "command": ["finetune-trainer"],
+        "env": env,
+        "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT},
+                  {"name": "metrics", "containerPort": METRICS_PORT}],
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.resources:
+        container["resources"] = spec.resources
+
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": ref.name,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": spec.pod_template.service_account_name is not None,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_user,
+            "fsGroup": settings.fs_group,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    pt = spec.pod_template
+    if pt.service_account_name:
+        pod_spec["serviceAccountName"] = pt.service_account_name
+    if pt.node_selector:
+        pod_spec["nodeSelector"] = dict(pt.node_selector)
+    if pt.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in pt.tolerations]
+    if pt.affinity:
+        pod_spec["affinity"] = pt.affinity
+    elif spec.nodes > 1 and spec.gpus_per_node > 0:
+        # One trainer per machine for multi-node GPU jobs: two ranks on one node would fight for its GPUs.
+        pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": selector_labels(ref.name)},
+            "topologyKey": "kubernetes.io/hostname"}]}}
+    if pt.priority_class_name:
+        pod_spec["priorityClassName"] = pt.priority_class_name
+    if pt.scheduler_name:
+        pod_spec["schedulerName"] = pt.scheduler_name
+    if pt.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in pt.image_pull_secrets]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(ref, name, labels, annotations or None),
+            "spec": pod_spec}
+
+
+def build_pods(ref: JobRef, spec: JobSpec, *, attempt: int, settings: Settings) -> list[dict[str, Any]]:
+    return [build_pod(ref, spec, rank=r, attempt=attempt, settings=settings) for r in range(spec.nodes)]

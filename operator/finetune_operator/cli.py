@@ -1,0 +1,88 @@
+"""The ``finetune`` command line: ``finetune operator`` runs the operator, ``finetune run-local``
+runs a FineTuneJob manifest on this machine with the same config and env contract as the pods."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import zlib
+
+from finetune_operator.settings import Settings
+
+
+def _peering_priority() -> int:
+    """Distinct per replica (equal priorities would all freeze): from the pod name unless given."""
+    if os.environ.get("FINETUNE_PEERING_PRIORITY"):
+        return int(os.environ["FINETUNE_PEERING_PRIORITY"])
+    return zlib.crc32(os.environ.get("POD_NAME", os.uname().nodename).encode()) % 10_000 + 1
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # before the kubernetes client reads it at import
+    import kopf
+    from prometheus_client import start_http_server
+
+    from finetune_operator.controller import Controller
+    from finetune_operator.handlers import build_registry
+    from finetune_operator.k8s import Kube, load_api_client
+
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack: for stuck operators
+    settings = Settings.from_env()
+    if args.namespace:
+        settings = Settings(**{**settings.__dict__, "namespaces": tuple(args.namespace)})
+    kopf.configure(log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.PLAIN,
+                   verbose=args.verbose)
+    controller = Controller(Kube(load_api_client(args.kubeconfig)), settings)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, registry=controller.metrics.registry)
+    stop = threading.Event()
+    backstop = threading.Thread(target=controller.loop, args=(stop,), name="backstop", daemon=True)
+    backstop.start()
+    priority = _peering_priority()
+    try:
+        asyncio.run(kopf.operator(
+            registry=build_registry(controller, peering_priority=priority),
+            standalone=args.standalone,
+            priority=priority,
+            # A peering name makes peering mandatory in kopf: only when not standalone.
+            peering_name=None if args.standalone else "finetune-operator",
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
+        ))
+    finally:
+        stop.set()
+        backstop.join(timeout=5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="finetune", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    op = sub.add_parser("operator", help="run the FineTuneJob operator")
+    op.add_argument("--namespace", "-n", action="append", help="watch this namespace (repeat); default: all")
+    op.add_argument("--standalone", action="store_true", help="no peering (a single replica, or tests)")
+    op.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    op.add_argument("--log-json", action="store_true", help="structured JSON logs")
+    op.add_argument("--verbose", "-v", action="store_true")
+    rl = sub.add_parser("run-local", help="run a FineTuneJob manifest on this machine")
+    rl.add_argument("manifest")
+    rl.add_argument("--workdir", help="where the output claim and logs go (default: ./output/<job>)")
+    args = ap.parse_args(argv)
+    if args.command == "operator":
+        return run_operator(args)  # kopf configures logging (plain or JSON)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from finetune_operator.runlocal import run_local
+
+    return int(run_local(args.manifest, workdir=args.workdir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Runs reconcile passes: read (job, pods) → decide (pure) → write (creates, status, deletes, events).
+
+Passes for one job are serialized by a per-job lock, because the job's own watch events, its pods'
+events and the backstop timer can all ask for the same job at once. The backstop loop also runs the
+requeues that a plan asked for (TTL expiry, deadlines, waiting timeouts, restart clean-up).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from finetune_operator.k8s import Conflict, Kube
+from finetune_operator.metrics import OperatorMetrics
+from finetune_operator.reconcile import TERMINAL, Plan, decide
+from finetune_operator.settings import Settings
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Controller:
+    def __init__(self, kube: Kube, settings: Settings, metrics: OperatorMetrics | None = None,
+                 clock: Callable[[], datetime] = _now) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics or OperatorMetrics()
+        self.clock = clock
+        self._guard = threading.Lock()
+        self._locks: dict[Key, threading.Lock] = {}
+        self._due: dict[Key, float] = {}
+        self._states: dict[Key, str] = {}
+
+    def _lock(self, key: Key) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def requeue(self, key: Key, after: float) -> None:
+        with self._guard:
+            due = time.monotonic() + after
+            self._due[key] = min(self._due.get(key, due), due)
+
+    def forget(self, key: Key) -> None:
+        with self._guard:
+            self._locks.pop(key, None)
+            self._due.pop(key, None)
+            self._states.pop(key, None)
+        self._export_states()
+
+    def _export_states(self) -> None:
+        counts: dict[str, int] = {}
+        with self._guard:
+            for s in self._states.values():
+                counts[s] = counts.get(s, 0) + 1
+        for state in ("Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"):
+            self.metrics.jobs.labels(state=state).set(counts.get(state, 0))
+
+    # -- one pass ------------------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str, job: dict[str, Any] | None = None) -> Plan | None:
+        key = (namespace, name)
+        with self._lock(key), self.metrics.reconcile_seconds.time():
+            try:
+                return self._reconcile(key, job)
+            except Conflict as e:
+                log.info("conflict on %s/%s, retrying: %s", namespace, name, e)
+                self.requeue(key, 0.5)
+            except Exception:
+                self.metrics.reconcile_errors.inc()
+                log.exception("reconcile of %s/%s failed; retrying", namespace, name)
+                self.requeue(key, 5.0)
+            return None
+
+    def _reconcile(self, key: Key, job: dict[str, Any] | None) -> Plan | None:
+        namespace, name = key
+        if job is None:
+            job = self.kube.get_job(namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            self.forget(key)
+            return None
+        pods = self.kube.list_pods(namespace, name)
+        plan = decide(job, pods, now=self.clock(), settings=self.settings)
+        log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
+                  plan.status.get("state"), len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
+
+        for obj in plan.create:
+            if self.kube.create(obj) and obj["kind"] == "Pod":
+                self.metrics.pods_created.inc()
+        if plan.status != (job.get("status") or {}):
+            self.kube.replace_status(job, plan.status)
+            self.metrics.status_writes.inc()
+        for d in plan.delete:
+            if self.kube.delete_pod(namespace, d.name, uid=d.uid, grace_seconds=d.grace_seconds):
+                self.metrics.pods_deleted.inc()
+        if plan.restart_reason:
+            self.metrics.restarts.labels(reason=plan.restart_reason).inc()
+        for ev in plan.events:
+            self.kube.post_event(job, type_=ev.type, reason=ev.reason, message=ev.message)
+        if plan.delete_job:
+            log.info("ttlSecondsAfterFinished passed: deleting %s/%s", namespace, name)
+            self.kube.delete_job(namespace, name, uid=job["metadata"]["uid"])
+            self.forget(key)
+            return plan
+        new_state = plan.status.get("state", "Pending")
+        if new_state != (job.get("status") or {}).get("state"):
+            log.info("%s/%s: %s -> %s", namespace, name, (job.get("status") or {}).get("state"), new_state)
+        with self._guard:
+            self._states[key] = new_state
+        self._export_states()
+        if plan.requeue_after is not None:
+            self.requeue(key, plan.requeue_after)
+        return plan
+
+    # -- the backstop ---------------------------------------------------------------------------------
+
+    def resync(self) -> None:
+        """Reconcile every job that can still change (active ones, finished ones with a TTL)."""
+        namespaces: tuple[str | None, ...] = self.settings.namespaces or (None,)
+        for ns in namespaces:
+            for job in self.kube.list_jobs(ns):
+                state = (job.get("status") or {}).get("state")
+                if state in TERMINAL and (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None:
+                    continue
+                self.reconcile(job["metadata"]["namespace"], job["metadata"]["name"], job)
+
+    def run_due(self) -> None:
+        now = time.monotonic()
+        with self._guard:
+            due = [k for k, t in self._due.items() if t <= now]
+            for k in due:
+                del self._due[k]
+        for ns, name in due:
+            self.reconcile(ns, name)
+
+    def loop(self, stop: threading.Event) -> None:
+        """Backstop timer plus requeues, until ``stop`` is set. Never raises."""
+        next_resync = time.monotonic() + self.settings.resync_seconds
+        while not stop.wait(0.5):
+            try:
+                self.run_due()
+                if time.monotonic() >= next_resync:
+                    next_resync = time.monotonic() + self.settings.resync_seconds
+                    self.resync()
+            except Exception:
+                log.exception("backstop loop pass failed")

@@ -1,0 +1,120 @@
+"""Pure failure classification from a pod's status: each failure becomes a condition reason and a
+retry decision. Exit codes come from the trainer's documented contract (trainer-image/README.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from finetune_operator.settings import EXIT_CONFIG_ERROR, EXIT_RENDEZVOUS_TIMEOUT
+
+CONTAINER = "trainer"
+FATAL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+                 "CreateContainerError")
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str
+    message: str
+    disruption: bool = False  # eviction, preemption, deleted pod: retried without counting
+    permanent: bool = False  # configuration errors: never retried
+    rank: int | None = None
+    attempt: int | None = None
+    exit_code: int | None = None
+    pod_name: str | None = None
+    finished_at: str | None = None
+
+    def with_rank(self, rank: int, attempt: int, pod_name: str | None) -> Failure:
+        return replace(self, rank=rank, attempt=attempt, pod_name=pod_name)
+
+    def as_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"reason": self.reason, "message": self.message[:1024]}
+        for key, value in (("rank", self.rank), ("attempt", self.attempt), ("exitCode", self.exit_code),
+                           ("podName", self.pod_name)):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(frozen=True)
+class WaitingProblem:
+    reason: str
+    message: str
+    fatal: bool  # fails the job after the operator's waiting timeout
+
+
+def _container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER:
+            return dict(cs)
+    return {}
+
+
+def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            return dict(c)
+    return None
+
+
+def termination_text(message: str | None) -> str:
+    """The trainer writes {"reason", "message"} JSON; with FallbackToLogsOnError it may be a log tail."""
+    if not message:
+        return ""
+    try:
+        data = json.loads(message)
+        if isinstance(data, dict) and "message" in data:
+            return str(data["message"])[-800:]
+    except ValueError:
+        pass
+    return message.strip()[-800:]
+
+
+def classify_pod(pod: dict[str, Any]) -> Failure | None:
+    """The failure of one pod of the running attempt, or None while it is healthy or succeeded."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    disruption = _disruption_condition(pod)
+    if disruption is not None or status.get("reason") in ("Evicted", "Preempting", "Terminated"):
+        why = (disruption or {}).get("reason") or status.get("reason") or ""
+        reason = "Preempted" if "Preempt" in why else "Evicted"
+        msg = (disruption or {}).get("message") or status.get("message") or why
+        return Failure(reason, f"{reason.lower()}: {msg}", disruption=True)
+    if pod["metadata"].get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
+        return Failure("PodDeleted", f"pod {pod['metadata']['name']} was deleted while the attempt ran",
+                       disruption=True)
+    if phase != "Failed":
+        return None
+    term = (_container_status(pod).get("state") or {}).get("terminated") or {}
+    code = term.get("exitCode")
+    detail = termination_text(term.get("message"))
+    finished = term.get("finishedAt")
+    if term.get("reason") == "OOMKilled":
+        return Failure("OOMKilled", "the trainer ran out of memory (OOMKilled); raise "
+                       "spec.resources.limits.memory or lower spec.training.perDeviceBatchSize",
+                       exit_code=code, finished_at=finished)
+    if code == EXIT_CONFIG_ERROR:
+        return Failure("ConfigError", detail or "the trainer rejected its configuration (exit 78)",
+                       permanent=True, exit_code=code, finished_at=finished)
+    if code == EXIT_RENDEZVOUS_TIMEOUT:
+        return Failure("RendezvousTimeout", detail or "the rank could not reach rank 0 (exit 75)",
+                       permanent=True, exit_code=code, finished_at=finished)
+    if code is not None:
+        return Failure("TrainingError", f"exit code {code}" + (f": {detail}" if detail else ""),
+                       exit_code=code, finished_at=finished)
+    return Failure("PodFailed", status.get("message") or status.get("reason") or "the pod failed",
+                   finished_at=finished)
+
+
+def waiting_problem(pod: dict[str, Any]) -> WaitingProblem | None:
+    """Why a pod of the attempt is not running yet, when Kubernetes says so."""
+    waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
+    reason = waiting.get("reason")
+    if reason in FATAL_WAITING:
+        return WaitingProblem(reason, waiting.get("message") or reason, fatal=True)
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return WaitingProblem("Unschedulable", c.get("message") or "no node fits the trainer pod", fatal=False)
+    return None

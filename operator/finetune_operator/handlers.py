@@ -1,0 +1,65 @@
+"""The only module that imports kopf's decorators. Every handler hands off to the Controller.
+
+Handlers are ``on.event`` handlers (no kopf progress annotations, no finalizer: owner references clean
+up, and a stuck finalizer after ``helm uninstall`` would leave undeletable jobs). The backstop timer is
+the Controller's own loop, because kopf timers would add a finalizer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from finetune_operator.controller import Controller
+from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+
+def configure_kopf(settings: kopf.OperatorSettings, *, peering_priority: int) -> None:
+    """kopf's own bookkeeping lives under finetune.dev, and a stalled watch is re-established."""
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    # No cluster-wide CRD/namespace scanning: the chart's namespaced RBAC does not grant it, and the
+    # resources and namespaces are given explicitly.
+    settings.scanning.disabled = True
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.peering.priority = peering_priority
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = 8
+
+
+def build_registry(controller: Controller, *, peering_priority: int = 0) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # In-cluster service account, else $KUBECONFIG, via the kubernetes client's own loaders.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings, peering_priority=peering_priority)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def job_event(type: str, body: kopf.Body, **_: Any) -> None:  # noqa: A002 - kopf's kwarg name
+        ns, name = str(body.metadata.namespace), str(body.metadata.name)
+        if type == "DELETED":
+            controller.forget((ns, name))
+            return
+        controller.reconcile(ns, name)
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+    def pod_event(body: kopf.Body, **_: Any) -> None:
+        job = body.metadata.labels.get(LABEL_JOB)
+        owners = [o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "FineTuneJob"]
+        if job and owners:
+            controller.reconcile(str(body.metadata.namespace), job)
+
+    return registry

@@ -1,0 +1,160 @@
+"""The one module that talks to the Kubernetes API. Plain dicts in and out (camelCase, as on the wire).
+
+Writes are idempotent: creating an object that exists is fine (409 ignored), deleting one that is gone is
+fine (404 ignored), and status writes carry the resourceVersion they were computed from, so a concurrent
+writer makes this pass fail with :class:`Conflict` and the next pass recompute.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+
+class Conflict(Exception):
+    """The object changed since it was read; recompute from a fresh read."""
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster config when running in a pod, else the kubeconfig ($KUBECONFIG or the given path)."""
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    return api
+
+
+class Kube:
+    """Typed-enough wrapper over the Kubernetes API for the operator's needs; counts its requests."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.requests: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def _count(self, verb: str) -> None:
+        with self._lock:
+            self.requests[verb] += 1
+
+    @staticmethod
+    def _json(resp: Any) -> dict[str, Any]:
+        return dict(json.loads(resp.data))
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._count("get")
+        try:
+            return self._json(self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        self._count("list")
+        if namespace:
+            resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                             _preload_content=False)
+        else:
+            resp = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
+        return list(self._json(resp).get("items", []))
+
+    def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        self._count("list")
+        resp = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}",
+                                             _preload_content=False)
+        return list(self._json(resp).get("items", []))
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create a Pod, Service or ConfigMap; False when it already exists."""
+        self._count("create")
+        ns = obj["metadata"]["namespace"]
+        create: Any = {"Pod": self.core.create_namespaced_pod, "Service": self.core.create_namespaced_service,
+                       "ConfigMap": self.core.create_namespaced_config_map}[obj["kind"]]
+        try:
+            create(ns, obj, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    def delete_pod(self, namespace: str, name: str, *, uid: str, grace_seconds: int | None) -> bool:
+        """Delete exactly this pod (uid precondition: never a newer pod of the same name)."""
+        self._count("delete")
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
+                                      grace_period_seconds=grace_seconds)
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+
+    def delete_job(self, namespace: str, name: str, *, uid: str) -> None:
+        self._count("delete")
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
+                                      propagation_policy="Background")
+        try:
+            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body=body,
+                                                        _preload_content=False)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+
+    def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """PUT the status subresource with the job's resourceVersion (optimistic concurrency)."""
+        self._count("update")
+        meta = job["metadata"]
+        body = {"apiVersion": job["apiVersion"], "kind": job["kind"],
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                             "resourceVersion": meta["resourceVersion"]},
+                "spec": job.get("spec"), "status": status}
+        try:
+            return self._json(self.custom.replace_namespaced_custom_object_status(
+                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], body, _preload_content=False))
+        except ApiException as e:
+            if e.status in (404, 409):
+                raise Conflict(f"{meta['namespace']}/{meta['name']}: {e.reason}") from e
+            raise
+
+    def post_event(self, job: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the job (what `kubectl describe ftj` shows); failures are only logged."""
+        self._count("create")
+        meta = job["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        event: Any = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1023],
+            "source": {"component": "finetune-operator"},
+            "reportingComponent": "finetune.dev/operator", "reportingInstance": "finetune-operator",
+            "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z", "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+        except ApiException as e:
+            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e.reason)

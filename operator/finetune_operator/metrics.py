@@ -1,0 +1,27 @@
+"""The operator's own Prometheus metrics (the trainers export training throughput themselves)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class OperatorMetrics:
+    """One registry per operator instance, so tests can run several without global state."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.jobs = Gauge("finetune_operator_jobs", "FineTuneJobs by state, as last reconciled",
+                          ["state"], registry=self.registry)
+        self.reconcile_seconds = Histogram(
+            "finetune_operator_reconcile_duration_seconds", "Duration of one reconcile pass",
+            registry=self.registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.reconcile_errors = Counter("finetune_operator_reconcile_errors_total",
+                                        "Reconcile passes that raised", registry=self.registry)
+        self.pods_created = Counter("finetune_operator_pods_created_total", "Trainer pods created",
+                                    registry=self.registry)
+        self.pods_deleted = Counter("finetune_operator_pods_deleted_total", "Trainer pods deleted",
+                                    registry=self.registry)
+        self.restarts = Counter("finetune_operator_gang_restarts_total", "Gang restarts by failure reason",
+                                ["reason"], registry=self.registry)
+        self.status_writes = Counter("finetune_operator_status_writes_total", "FineTuneJob status writes",
+                                     registry=self.registry)

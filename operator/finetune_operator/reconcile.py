@@ -1,0 +1,364 @@
+"""Pure lifecycle decisions: (job, its pods, now) in, a Plan out. No I/O here.
+
+Level-based: every pass compares what exists with what the spec wants, so a lost event or an
+operator restart converges by itself. The gang never overlaps attempts: the failed attempt's pods are
+deleted and must be gone before the next attempt is created under the same names.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from finetune_operator.builders import (
+    JobRef,
+    build_config_map,
+    build_pods,
+    build_service,
+    pod_name,
+)
+from finetune_operator.failures import Failure, classify_pod, waiting_problem
+from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, Settings
+from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
+
+# Job states (status.state), also the printer column.
+PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
+SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
+TERMINAL = (SUCCEEDED, FAILED)
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec")
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str  # CamelCase
+    message: str
+
+
+@dataclass(frozen=True)
+class PodDelete:
+    name: str
+    uid: str
+    grace_seconds: int | None = None  # None: the pod's own terminationGracePeriodSeconds
+
+
+@dataclass
+class Plan:
+    """What one reconcile pass should do, in order: creates, deletes, status, events."""
+
+    status: dict[str, Any]
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[PodDelete] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float | None = None
+    restart_reason: str | None = None  # for the operator's restarts-by-reason metric
+
+
+def ts(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_ts(s: str | None) -> datetime | None:
+    if not s:
+        return None
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def set_condition(status: dict[str, Any], ctype: str, value: bool, reason: str, message: str,
+                  *, now: datetime, generation: int) -> None:
+    """Set one condition; lastTransitionTime moves only when its status flips."""
+    conds: list[dict[str, Any]] = status.setdefault("conditions", [])
+    new_status = "True" if value else "False"
+    message = message[:1024]
+    for c in conds:
+        if c["type"] == ctype:
+            if c.get("status") != new_status:
+                c["lastTransitionTime"] = ts(now)
+            c.update(status=new_status, reason=reason, message=message, observedGeneration=generation)
+            return
+    if not value:
+        return  # an absent condition already reads as False: write nothing
+    conds.append({"type": ctype, "status": new_status, "reason": reason, "message": message,
+                  "lastTransitionTime": ts(now), "observedGeneration": generation})
+
+
+def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for c in status.get("conditions", []):
+        if c["type"] == ctype:
+            return dict(c)
+    return None
+
+
+def _attempt_of(pod: dict[str, Any]) -> int:
+    try:
+        return int(pod["metadata"]["labels"][LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return -1
+
+
+def _rank_of(pod: dict[str, Any]) -> int:
+    try:
+        return int(pod["metadata"]["labels"][LABEL_RANK])
+    except (KeyError, ValueError):
+        return -1
+
+
+def _phase(pod: dict[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _deleting(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def _finished(pod: dict[str, Any]) -> bool:
+    return _phase(pod) in ("Succeeded", "Failed")
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    return _phase(pod) == "Running" and not _deleting(pod)
+
+
+def _delete_all(pods: list[dict[str, Any]], *, keep: str | None = None, now: datetime,
+                settings: Settings) -> list[PodDelete]:
+    """Delete pods; a pod already deleting whose deadline passed long ago is force-deleted
+    (its node no longer answers, so nothing else will ever finish the deletion)."""
+    out = []
+    for p in pods:
+        meta = p["metadata"]
+        if meta["name"] == keep:
+            continue
+        deadline = parse_ts(meta.get("deletionTimestamp"))
+        if deadline is None:
+            out.append(PodDelete(meta["name"], meta["uid"]))
+        elif now > deadline + timedelta(seconds=settings.restart_force_delete_after_seconds):
+            out.append(PodDelete(meta["name"], meta["uid"], grace_seconds=0))
+    return out
+
+
+def _set_state(st: dict[str, Any], state: str, *, now: datetime, gen: int, reason: str, message: str) -> None:
+    st["state"] = state
+    set_condition(st, "Running", state == RUNNING, reason if state != RUNNING else "AllRanksRunning",
+                  message, now=now, generation=gen)
+    set_condition(st, "Restarting", state == RESTARTING, reason, message, now=now, generation=gen)
+    set_condition(st, "Suspended", state == SUSPENDED, reason, message, now=now, generation=gen)
+    if state == SUCCEEDED:
+        set_condition(st, "Succeeded", True, reason, message, now=now, generation=gen)
+    if state == FAILED:
+        set_condition(st, "Failed", True, reason, message, now=now, generation=gen)
+
+
+def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, settings: Settings) -> Plan:
+    meta = job["metadata"]
+    ref = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    gen = int(meta.get("generation", 1))
+    old = job.get("status") or {}
+    st = copy.deepcopy(old)
+    st["observedGeneration"] = gen
+    plan = Plan(status=st)
+    prev_state = old.get("state")
+
+    def transition(state: str, reason: str, message: str, *, event_type: str = "Normal",
+                   always_event: bool = False) -> None:
+        _set_state(st, state, now=now, gen=gen, reason=reason, message=message)
+        if prev_state != state or always_event:
+            plan.events.append(Event(event_type, reason, message))
+
+    try:
+        check_name(ref.name)
+        spec = parse_spec(job.get("spec") or {})
+    except SpecError as e:
+        if condition(old, "InvalidSpec") is None:
+            plan.events.append(Event("Warning", "InvalidSpec", str(e)))
+        set_condition(st, "InvalidSpec", True, "InvalidSpec", str(e), now=now, generation=gen)
+        _set_state(st, FAILED, now=now, gen=gen, reason="InvalidSpec", message=str(e))
+        st.setdefault("completionTime", ts(now))
+        st["nodes"] = "0/0"
+        plan.delete = _delete_all(pods, now=now, settings=settings)
+        _ttl(plan, spec=None, raw_spec=job.get("spec") or {}, now=now)
+        return plan
+
+    attempt = int(st.get("attempt", 0))
+    st.setdefault("attempt", attempt)
+    st.setdefault("restarts", 0)
+    st.setdefault("disruptions", 0)
+    current = [p for p in pods if _attempt_of(p) == attempt]
+    stale = [p for p in pods if _attempt_of(p) != attempt]
+    running = sum(1 for p in current if _running(p))
+    st["readyNodes"] = running
+    st["nodes"] = f"{running}/{spec.nodes}"
+
+    # -- finished jobs: stop what still holds resources, keep the failed rank's pod as evidence --------
+    if prev_state in TERMINAL:
+        keep = (old.get("failure") or {}).get("podName") if prev_state == FAILED else None
+        plan.delete = _delete_all([p for p in pods if not _finished(p)], keep=keep, now=now, settings=settings)
+        _ttl(plan, spec=spec, raw_spec=None, now=now)
+        return plan
+
+    # -- suspend: pods go, the next attempt starts when resumed --------------------------------------
+    if spec.suspend:
+        if prev_state != SUSPENDED and st.get("attemptStartTime"):
+            st["attempt"] = attempt + 1
+            st["attemptStartTime"] = None
+        plan.delete = _delete_all(pods, now=now, settings=settings)
+        st["readyNodes"], st["nodes"] = 0, f"0/{spec.nodes}"
+        transition(SUSPENDED, "Suspended", "spec.suspend is true: trainer pods deleted")
+        return _clean(plan)
+
+    # -- deadline --------------------------------------------------------------------------------------
+    started = parse_ts(st.get("startTime"))
+    if spec.active_deadline_seconds and started:
+        remaining = spec.active_deadline_seconds - (now - started).total_seconds()
+        if remaining <= 0:
+            return _fail(plan, st, pods, Failure("DeadlineExceeded",
+                         f"the job was active longer than spec.activeDeadlineSeconds={spec.active_deadline_seconds}"),
+                         transition=transition, now=now, settings=settings, keep=None)
+        plan.requeue_after = remaining
+
+    # -- the previous attempt must be gone before the next starts -------------------------------------
+    if stale:
+        plan.delete = _delete_all(stale, now=now, settings=settings)
+        if prev_state not in (RESTARTING, SUSPENDED):
+            transition(RESTARTING, "CleaningUp", "waiting for pods of an earlier attempt to terminate")
+        else:
+            st["state"] = prev_state if prev_state == RESTARTING else RESTARTING
+        plan.requeue_after = 2.0
+        return _clean(plan)
+
+    created = bool(st.get("attemptStartTime"))
+    present = {_rank_of(p) for p in current}
+    if not created:
+        # Create the attempt (all missing ranks; creation tolerates "already exists").
+        missing = [p for p in build_pods(ref, spec, attempt=attempt, settings=settings)
+                   if int(p["metadata"]["labels"][LABEL_RANK]) not in present]
+        plan.create = [build_service(ref), build_config_map(ref, spec), *missing]
+        st["attemptStartTime"] = ts(now)
+        st.setdefault("startTime", ts(now))
+        restart_requested = parse_ts(st.pop("restartRequestedTime", None))
+        if restart_requested:
+            st["lastRestartGapSeconds"] = round((now - restart_requested).total_seconds(), 3)
+        set_condition(st, "Created", True, "PodsCreated",
+                      f"attempt {attempt}: {spec.nodes} trainer pod(s) created", now=now, generation=gen)
+        set_condition(st, "Suspended", False, "Resumed", "spec.suspend is false", now=now, generation=gen)
+        # Restarting stays True until every rank of the new attempt runs.
+        st["state"] = CREATED
+        plan.events.append(Event("Normal", "PodsCreated",
+                                 f"attempt {attempt}: created {spec.nodes} trainer pod(s) "
+                                 f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))"))
+        return _clean(plan)
+
+    # -- the attempt runs: look for the first failure ---------------------------------------------------
+    failures: list[tuple[str, int, Failure, dict[str, Any]]] = []
+    for p in current:
+        f = classify_pod(p)
+        if f is not None:
+            failures.append((f.finished_at or "", _rank_of(p), f, p))
+    for r in range(spec.nodes):
+        if r not in present:
+            failures.append(("~", r, Failure("PodDeleted", f"pod {pod_name(ref.name, r)} disappeared while the "
+                                              "attempt ran", disruption=True), {}))
+    if failures:
+        failures.sort(key=lambda x: (x[0], x[1]))  # the earliest failure is the cause; peers follow it
+        _, rank, failure, pod = failures[0]
+        failure = failure.with_rank(rank, attempt, pod.get("metadata", {}).get("name"))
+        return _restart_or_fail(plan, st, spec, current, failure, transition=transition, now=now,
+                                settings=settings)
+
+    if len(current) == spec.nodes and all(_phase(p) == "Succeeded" for p in current):
+        st["completionTime"] = ts(now)
+        st["readyNodes"], st["nodes"] = 0, f"0/{spec.nodes}"
+        transition(SUCCEEDED, "AllRanksSucceeded", f"all {spec.nodes} rank(s) exited 0 in attempt {attempt}")
+        _ttl(plan, spec=spec, raw_spec=None, now=now)
+        return _clean(plan)
+
+    if running == spec.nodes:
+        transition(RUNNING, "AllRanksRunning", f"attempt {attempt}: {running}/{spec.nodes} trainer pods running")
+        return _clean(plan)
+
+    # Some ranks wait: say why; image and config problems fail the job after a bounded wait.
+    problems = [(r, w) for p in current if (w := waiting_problem(p)) is not None for r in [_rank_of(p)]]
+    st["state"] = CREATED if prev_state != RESTARTING else prev_state
+    if problems:
+        rank, problem = sorted(problems, key=lambda x: x[0])[0]
+        waited = (now - (parse_ts(st.get("attemptStartTime")) or now)).total_seconds()
+        if problem.fatal and waited >= settings.waiting_timeout_seconds:
+            failure = Failure(problem.reason, f"rank {rank} waited {waited:.0f}s: {problem.message}").with_rank(
+                rank, attempt, pod_name(ref.name, rank))
+            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
+                         keep=pod_name(ref.name, rank))
+        old_created = condition(old, "Created") or {}
+        set_condition(st, "Created", True, problem.reason, f"rank {rank}: {problem.message}", now=now,
+                      generation=gen)
+        if old_created.get("reason") != problem.reason:
+            plan.events.append(Event("Warning", problem.reason, f"rank {rank}: {problem.message}"))
+        if problem.fatal:
+            plan.requeue_after = max(1.0, settings.waiting_timeout_seconds - waited)
+    return _clean(plan)
+
+
+def _restart_or_fail(plan: Plan, st: dict[str, Any], spec: JobSpec, current: list[dict[str, Any]],
+                     failure: Failure, *, transition: Any, now: datetime, settings: Settings) -> Plan:
+    if failure.permanent:
+        return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
+                     keep=failure.pod_name)
+    if failure.disruption:
+        if st["disruptions"] >= settings.max_disruptions:
+            failure = Failure(failure.reason, f"{failure.message}; {st['disruptions']} disruptions already "
+                              f"(operator limit {settings.max_disruptions})", rank=failure.rank,
+                              attempt=failure.attempt, pod_name=failure.pod_name)
+            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
+                         keep=failure.pod_name)
+        st["disruptions"] += 1
+    else:
+        if st["restarts"] >= spec.max_restarts:
+            failure = Failure(failure.reason, f"{failure.message}; restarts exhausted "
+                              f"({st['restarts']}/{spec.max_restarts})", rank=failure.rank,
+                              attempt=failure.attempt, exit_code=failure.exit_code, pod_name=failure.pod_name)
+            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
+                         keep=failure.pod_name)
+        st["restarts"] += 1
+    st["failure"] = failure.as_status()
+    st["attempt"] = int(st["attempt"]) + 1
+    st["attemptStartTime"] = None
+    st["restartRequestedTime"] = ts(now)
+    st["readyNodes"], st["nodes"] = 0, f"0/{spec.nodes}"
+    plan.delete = _delete_all(current, now=now, settings=settings)
+    plan.restart_reason = failure.reason
+    counted = "not counted: disruption" if failure.disruption else f"restart {st['restarts']}/{spec.max_restarts}"
+    transition(RESTARTING, failure.reason, f"gang restart to attempt {st['attempt']} ({counted}): {failure.message}",
+               event_type="Warning", always_event=True)
+    plan.requeue_after = 2.0
+    return _clean(plan)
+
+
+def _fail(plan: Plan, st: dict[str, Any], pods: list[dict[str, Any]], failure: Failure, *, transition: Any,
+          now: datetime, settings: Settings, keep: str | None) -> Plan:
+    st["failure"] = failure.as_status()
+    st["completionTime"] = ts(now)
+    st["readyNodes"] = 0
+    st["nodes"] = f"0/{st.get('nodes', '0/0').split('/')[-1]}"
+    plan.delete = _delete_all(pods, keep=keep, now=now, settings=settings)
+    transition(FAILED, failure.reason, failure.message, event_type="Warning")
+    return _clean(plan)
+
+
+def _ttl(plan: Plan, *, spec: JobSpec | None, raw_spec: dict[str, Any] | None, now: datetime) -> None:
+    ttl = spec.ttl_seconds_after_finished if spec else (raw_spec or {}).get("ttlSecondsAfterFinished")
+    done = parse_ts(plan.status.get("completionTime"))
+    if ttl is None or done is None:
+        return
+    remaining = float(ttl) - (now - done).total_seconds()
+    if remaining <= 0:
+        plan.delete_job = True
+    else:
+        plan.requeue_after = remaining
+
+
+def _clean(plan: Plan) -> Plan:
+    """Drop keys whose value is None so that the written status stays minimal and comparable."""
+    for k in [k for k, v in plan.status.items() if v is None]:
+        del plan.status[k]
+    return plan

@@ -1,0 +1,70 @@
+"""Operator settings, read once at start-up from the environment (the Helm chart sets them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+GROUP = "finetune.dev"
+VERSION = "v1alpha1"
+PLURAL = "finetunejobs"
+KIND = "FineTuneJob"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Labels on every child object.
+LABEL_JOB = "finetune.dev/job-name"
+LABEL_RANK = "finetune.dev/node-rank"
+LABEL_ATTEMPT = "finetune.dev/attempt"
+
+MASTER_PORT = 29500
+METRICS_PORT = 9400
+CONFIG_DIR = "/etc/finetune"
+CONFIG_FILE = "config.json"
+OUTPUT_MOUNT = "/output"
+CONFIG_VERSION = "1.0"
+
+# Trainer exit codes (trainer-image/README.md): the operator classifies failures on them.
+EXIT_CONFIG_ERROR = 78
+EXIT_RENDEZVOUS_TIMEOUT = 75
+
+
+def _int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    return int(v) if v else default
+
+
+def _list(name: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in os.environ.get(name, "").split(",") if x.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable about the operator; one instance, built at start-up."""
+
+    default_image: str = "ghcr.io/finetune-operator/trainer:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    resync_seconds: int = 30
+    max_disruptions: int = 20  # eviction/preemption restarts, not counted in maxRestarts, bounded
+    waiting_timeout_seconds: int = 600  # image pull / container config errors before the job fails
+    restart_force_delete_after_seconds: int = 30  # beyond the grace period, for pods whose node is gone
+    progress_interval_seconds: int = 15
+    metrics_port: int = 8080
+    health_port: int = 8081
+    run_as_user: int = 1000
+    fs_group: int = 1000
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            default_image=os.environ.get("FINETUNE_DEFAULT_IMAGE", cls.default_image),
+            image_pull_policy=os.environ.get("FINETUNE_IMAGE_PULL_POLICY", cls.image_pull_policy),
+            namespaces=_list("FINETUNE_WATCH_NAMESPACES"),
+            resync_seconds=_int("FINETUNE_RESYNC_SECONDS", cls.resync_seconds),
+            max_disruptions=_int("FINETUNE_MAX_DISRUPTIONS", cls.max_disruptions),
+            waiting_timeout_seconds=_int("FINETUNE_WAITING_TIMEOUT_SECONDS", cls.waiting_timeout_seconds),
+            progress_interval_seconds=_int("FINETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds),
+            metrics_port=_int("FINETUNE_METRICS_PORT", cls.metrics_port),
+            health_port=_int("FINETUNE_HEALTH_PORT", cls.health_port),
+        )

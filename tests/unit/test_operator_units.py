@@ -1,0 +1,224 @@
+"""Pure layers of the operator: spec parsing, builders, failure classification, lifecycle decisions."""
+
+from __future__ import annotations
+
+import ast
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from finetune_operator.builders import JobRef, build_pod, env_contract, trainer_config
+from finetune_operator.failures import classify_pod, waiting_problem
+from finetune_operator.reconcile import decide, ts
+from finetune_operator.settings import Settings
+from finetune_operator.spec import SpecError, parse_spec
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((ROOT / "crds" / "finetune.dev_finetunejobs.yaml").read_text())
+SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+REF = JobRef(name="ft", namespace="ns", uid="uid-1")
+
+
+def base_spec(**over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"}, "output": {"claimName": "o"},
+                            "training": {"maxSteps": 10}}
+    spec.update(over)
+    return spec
+
+
+# -- spec ------------------------------------------------------------------------------------------------
+
+def _crd_default(path: list[str]) -> Any:
+    node = SPEC_SCHEMA
+    for p in path:
+        node = node["properties"][p]
+    return node.get("default")
+
+
+@pytest.mark.parametrize(("crd_path", "attr"), [
+    (["task"], lambda s: s.task),
+    (["acceleration"], lambda s: s.acceleration),
+    (["nodes"], lambda s: s.nodes),
+    (["maxRestarts"], lambda s: s.max_restarts),
+    (["terminationGracePeriodSeconds"], lambda s: s.termination_grace_period_seconds),
+    (["rendezvousTimeoutSeconds"], lambda s: s.rendezvous_timeout_seconds),
+    (["shmSize"], lambda s: s.shm_size),
+    (["training", "perDeviceBatchSize"], lambda s: s.training.per_device_batch_size),
+    (["training", "gradientAccumulationSteps"], lambda s: s.training.gradient_accumulation_steps),
+    (["training", "learningRate"], lambda s: s.training.learning_rate),
+    (["training", "maxSeqLength"], lambda s: s.training.max_seq_length),
+    (["training", "precision"], lambda s: s.training.precision),
+    (["training", "seed"], lambda s: s.training.seed),
+    (["training", "checkpointEverySteps"], lambda s: s.training.checkpoint_every_steps),
+    (["training", "keepCheckpoints"], lambda s: s.training.keep_checkpoints),
+    (["dataset", "split"], lambda s: s.dataset.split),
+    (["dataset", "textField"], lambda s: s.dataset.text_field),
+    (["dataset", "labelField"], lambda s: s.dataset.label_field),
+], ids=lambda x: ".".join(x) if isinstance(x, list) else "")
+def test_parser_defaults_agree_with_the_crd(crd_path, attr) -> None:  # type: ignore[no-untyped-def]
+    assert attr(parse_spec(base_spec())) == _crd_default(crd_path)
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    (base_spec(model={"path": "/m", "name": "bert"}), "spec.model"),
+    (base_spec(dataset={}), "spec.dataset"),
+    (base_spec(training={"maxSteps": 1, "epochs": 1}), "spec.training"),
+    (base_spec(training={"extraArgs": {"learning_rate": 1}}), "spec.training.extraArgs.learning_rate"),
+    (base_spec(procsPerNode=2, resources={"limits": {"nvidia.com/gpu": 4}}), "spec.procsPerNode"),
+    (base_spec(env=[{"name": "PET_NNODES", "value": "9"}]), "spec.env[0].name"),
+    (base_spec(podTemplate={"volumes": [{"name": "x", "mountPath": "/etc/finetune/x", "emptyDir": {}}]}),
+     "spec.podTemplate.volumes[0].mountPath"),
+    (base_spec(podTemplate={"volumes": [{"name": "output", "mountPath": "/data", "emptyDir": {}}]}),
+     "spec.podTemplate.volumes"),
+], ids=["model-both", "dataset-none", "epochs-and-steps", "managed-arg", "procs-vs-gpus", "reserved-env",
+        "mount-overlap", "volume-name-clash"])
+def test_semantic_errors_name_the_field(spec, field) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError) as e:
+        parse_spec(spec)
+    assert e.value.field == field
+
+
+def test_procs_per_node_derives_from_gpus() -> None:
+    s = parse_spec(base_spec(nodes=2, resources={"limits": {"nvidia.com/gpu": 8}}))
+    assert (s.procs_per_node, s.gpus_per_node, s.world_size) == (8, 8, 16)
+    assert parse_spec(base_spec()).training.epochs is None
+    assert parse_spec(base_spec(training={})).training.epochs == 1.0
+
+
+# -- builders ---------------------------------------------------------------------------------------------
+
+def test_env_contract_world_size_counts_processes() -> None:
+    spec = parse_spec(base_spec(nodes=3, resources={"limits": {"nvidia.com/gpu": 4}}))
+    env = {e["name"]: e["value"] for e in env_contract(REF, spec, rank=2, attempt=5)}
+    assert env["WORLD_SIZE"] == "12" and env["PET_NPROC_PER_NODE"] == "4" and env["NODE_RANK"] == "2"
+    assert env["FINETUNE_ATTEMPT"] == "5" and env["MASTER_ADDR"] == "ft-node-0.ft"
+
+
+def test_pod_is_restricted_and_uses_references_for_secrets() -> None:
+    spec = parse_spec(base_spec(nodes=2, hfTokenSecretRef={"name": "hf"}, resources={"limits": {"nvidia.com/gpu": 1}},
+                                queueName="team-a"))
+    pod = build_pod(REF, spec, rank=1, attempt=2, settings=Settings())
+    c = pod["spec"]["containers"][0]
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in c["env"]
+    assert pod["spec"]["affinity"]["podAntiAffinity"]  # multi-node GPU job: one trainer per machine
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "ft-attempt-2"
+    assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_trainer_config_resolves_output_and_lora_alpha() -> None:
+    spec = parse_spec(base_spec(training={"maxSteps": 5, "lora": {"r": 4}}))
+    cfg = trainer_config(REF, spec)
+    assert cfg["output"] == {"path": "/output/ns/ft"}
+    assert cfg["training"]["lora"] == {"r": 4, "alpha": 8, "dropout": 0.05, "targetModules": []}
+
+
+# -- failures ---------------------------------------------------------------------------------------------
+
+def pod(phase: str, *, code: int | None = None, reason: str | None = None, message: str | None = None,
+        pod_reason: str | None = None, waiting: str | None = None, deleting: bool = False,
+        conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    if code is not None:
+        state = {"terminated": {"exitCode": code, "reason": reason or "Error", "message": message}}
+    if waiting:
+        state = {"waiting": {"reason": waiting, "message": "detail"}}
+    meta: dict[str, Any] = {"name": "ft-node-0", "uid": "u0", "labels": {"finetune.dev/attempt": "0",
+                                                                        "finetune.dev/node-rank": "0"}}
+    if deleting:
+        meta["deletionTimestamp"] = ts(NOW)
+    status: dict[str, Any] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": state}],
+                              "conditions": conditions or []}
+    if pod_reason:
+        status["reason"] = pod_reason
+    return {"metadata": meta, "status": status}
+
+
+@pytest.mark.parametrize(("p", "reason", "disruption", "permanent"), [
+    (pod("Failed", code=137, reason="OOMKilled"), "OOMKilled", False, False),
+    (pod("Failed", code=78, message='{"reason":"ConfigError","message":"dataset.textField: no"}'), "ConfigError",
+     False, True),
+    (pod("Failed", code=75), "RendezvousTimeout", False, True),
+    (pod("Failed", code=1), "TrainingError", False, False),
+    (pod("Failed", pod_reason="Evicted"), "Evicted", True, False),
+    (pod("Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
+     "Preempted", True, False),
+    (pod("Running", deleting=True), "PodDeleted", True, False),
+], ids=["oom", "config", "rendezvous", "crash", "evicted", "preempted", "deleted"])
+def test_classify(p, reason, disruption, permanent) -> None:  # type: ignore[no-untyped-def]
+    f = classify_pod(p)
+    assert f is not None and (f.reason, f.disruption, f.permanent) == (reason, disruption, permanent)
+
+
+def test_healthy_pods_have_no_failure_and_waiting_is_explained() -> None:
+    assert classify_pod(pod("Running")) is None and classify_pod(pod("Succeeded", code=0)) is None
+    w = waiting_problem(pod("Pending", waiting="ImagePullBackOff"))
+    assert w is not None and w.fatal
+    unsched = pod("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                          "message": "0/3 nodes have nvidia.com/gpu"}])
+    w = waiting_problem(unsched)
+    assert w is not None and not w.fatal and "nvidia.com/gpu" in w.message
+
+
+# -- decisions --------------------------------------------------------------------------------------------
+
+def job(status: dict[str, Any] | None = None, **spec_over: Any) -> dict[str, Any]:
+    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob",
+            "metadata": {"name": "ft", "namespace": "ns", "uid": "uid-1", "generation": 1},
+            "spec": base_spec(**spec_over), "status": status or {}}
+
+
+def running(rank: int, attempt: int = 0, phase: str = "Running", code: int | None = None) -> dict[str, Any]:
+    p = pod(phase, code=code)
+    p["metadata"].update(name=f"ft-node-{rank}", uid=f"u{rank}",
+                         labels={"finetune.dev/attempt": str(attempt), "finetune.dev/node-rank": str(rank)})
+    return p
+
+
+STARTED = {"attempt": 0, "restarts": 0, "disruptions": 0, "attemptStartTime": ts(NOW - timedelta(minutes=1)),
+           "startTime": ts(NOW - timedelta(minutes=1)), "state": "Running"}
+
+
+def test_first_pass_creates_the_gang_and_a_quiet_pass_writes_nothing() -> None:
+    plan = decide(job(nodes=2), [], now=NOW, settings=Settings())
+    assert [o["kind"] for o in plan.create] == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert plan.status["state"] == "Created"
+    again = decide(job(plan.status, nodes=2), [running(0), running(1)], now=NOW, settings=Settings())
+    quiet = decide(job(again.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(minutes=5),
+                   settings=Settings())
+    assert quiet.status == again.status and not quiet.create and not quiet.delete and not quiet.events
+
+
+def test_failure_restarts_whole_gang_and_waits_for_old_pods() -> None:
+    plan = decide(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Failed", code=1)], now=NOW,
+                  settings=Settings())
+    assert sorted(d.name for d in plan.delete) == ["ft-node-0", "ft-node-1"]
+    assert (plan.status["attempt"], plan.status["restarts"], plan.status["state"]) == (1, 1, "Restarting")
+    # Old pods still terminating: nothing is created under the same names yet.
+    wait = decide(job(plan.status, nodes=2), [running(0), running(1, phase="Failed", code=1)], now=NOW,
+                  settings=Settings())
+    assert wait.create == [] and wait.status["state"] == "Restarting"
+    nxt = decide(job(wait.status, nodes=2), [], now=NOW + timedelta(seconds=3), settings=Settings())
+    assert [p["metadata"]["labels"]["finetune.dev/attempt"] for p in nxt.create if p["kind"] == "Pod"] == ["1", "1"]
+    assert nxt.status["lastRestartGapSeconds"] == 3.0
+
+
+def test_layering_builders_and_decisions_do_no_io() -> None:
+    """builders, reconcile, spec, failures never import the API client or kopf (STYLE: pure layers)."""
+    pure = ["builders", "reconcile", "spec", "failures", "settings"]
+    for mod in pure:
+        tree = ast.parse((ROOT / "operator" / "finetune_operator" / f"{mod}.py").read_text())
+        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in imported if m.split(".")[0] in ("kubernetes", "kopf")}, mod
+    handlers = [p.name for p in (ROOT / "operator" / "finetune_operator").glob("*.py")
+                if "kopf.on." in p.read_text()]
+    assert handlers == ["handlers.py"]
