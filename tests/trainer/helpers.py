@@ -1,0 +1,173 @@
+"""Helpers for the trainer tests: configs built from the tiny example, free ports, and launcher processes started
+with the env contract exactly as the operator would set it on a pod."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def tiny_config(output: Path, example: str = "sequence-classification", **over: Any) -> dict[str, Any]:
+    """The tiny example config with absolute paths and its output under ``output``."""
+    name = "config-seqcls.json" if example == "sequence-classification" else "config-causal-lm.json"
+    cfg = json.loads((TINY / name).read_text())
+    cfg["model"]["path"] = str(REPO / cfg["model"]["path"])
+    cfg["dataset"]["path"] = str(REPO / cfg["dataset"]["path"])
+    cfg["output"]["path"] = str(output)
+    cfg["metrics"]["port"] = 0
+    return deep_merge(cfg, over)
+
+
+def launcher_cmd() -> list[str]:
+    script = Path(sys.executable).with_name("finetune-trainer")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "finetune_trainer.launcher"]
+
+
+class Node:
+    """One "pod": the ``finetune-trainer`` launcher in its own session, with the env contract."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        config: dict[str, Any],
+        *,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        master_port: int | None = None,
+        attempt: int = 0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path = workdir / f"config-node{node_rank}.json"
+        self.config_path.write_text(json.dumps(config))
+        self.log_path = workdir / f"node{node_rank}-attempt{attempt}.log"
+        self.termination_log = workdir / f"termination-node{node_rank}.json"
+        if self.termination_log.exists():
+            self.termination_log.unlink()
+        port = master_port or free_port()
+        env = dict(os.environ)
+        env.update(
+            {
+                "PET_NNODES": str(nnodes), "NNODES": str(nnodes),
+                "PET_NPROC_PER_NODE": "1", "NPROC_PER_NODE": "1",
+                "PET_NODE_RANK": str(node_rank), "NODE_RANK": str(node_rank),
+                "PET_MASTER_ADDR": "127.0.0.1", "MASTER_ADDR": "127.0.0.1",
+                "PET_MASTER_PORT": str(port), "MASTER_PORT": str(port),
+                "WORLD_SIZE": str(nnodes),
+                "FINETUNE_JOB_NAME": config["job"]["name"],
+                "FINETUNE_NAMESPACE": config["job"]["namespace"],
+                "FINETUNE_ATTEMPT": str(attempt),
+                "FINETUNE_CONFIG": str(self.config_path),
+                "FINETUNE_TERMINATION_LOG": str(self.termination_log),
+                "HF_HUB_OFFLINE": "1",
+                "HF_DATASETS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                "OMP_NUM_THREADS": "1" if nnodes > 1 else "2",
+            }
+        )  # fmt: skip
+        env.setdefault("HF_HOME", str(workdir.parent / "hf-home"))
+        env.update(extra_env or {})
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(
+            launcher_cmd(), cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"launcher did not finish in {timeout}s; log:\n{self.log()}") from None
+        finally:
+            self._log.close()
+        return rc
+
+    def kill(self) -> None:
+        """SIGKILL the launcher and every descendant (a node that vanished). torchrun starts its workers in
+        sessions of their own, so killing the process group alone would leave them training."""
+        import psutil
+
+        try:
+            victims = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            victims = []
+        for p in victims:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(victims, timeout=60)
+        self.proc.wait(timeout=60)
+
+    def terminate(self) -> None:
+        """SIGTERM to the launcher only, as the kubelet does to PID 1."""
+        self.proc.send_signal(signal.SIGTERM)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-8000:]
+
+    def termination(self) -> dict[str, Any] | None:
+        if not self.termination_log.exists():
+            return None
+        return json.loads(self.termination_log.read_text())
+
+
+def poll(
+    condition: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    what: str = "",
+    on_fail: Callable[[], str] | None = None,
+) -> Any:
+    """Call ``condition`` until it returns something truthy; fail with ``what`` (and ``on_fail()``) on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            detail = on_fail() if on_fail else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{detail}")
+        time.sleep(interval)
+
+
+def scrape(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())

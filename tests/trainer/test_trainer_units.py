@@ -1,0 +1,314 @@
+"""Unit tests for the trainer's pure parts: config parsing, env contract, checkpoint discovery and retention,
+the acceleration table, MFU, preflight, failure classification. Nothing is mocked except the clock and sleep of
+the preflight's timeout test (a fake clock, so the test does not wait for real)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from finetune_trainer import accel, checkpoints
+from finetune_trainer.config import load_config, parse_config, schema, schema_path
+from finetune_trainer.env import read_env
+from finetune_trainer.errors import ConfigError, RendezvousTimeout, write_termination_log
+from finetune_trainer.launcher import classify_failure, read_error_file
+from finetune_trainer.preflight import wait_for_master
+
+from tests.trainer.helpers import TINY, deep_merge, tiny_config
+
+pytestmark = pytest.mark.trainer
+
+
+def valid(tmp_path: Path, **over: Any) -> dict[str, Any]:
+    return tiny_config(tmp_path / "out", **over)
+
+
+# --- config -------------------------------------------------------------------------------------------------------
+
+
+def test_example_configs_parse_and_match_the_schema(tmp_path: Path) -> None:
+    import jsonschema
+
+    for name in ("config-seqcls.json", "config-causal-lm.json"):
+        raw = json.loads((TINY / name).read_text())
+        jsonschema.Draft202012Validator(schema()).validate(raw)
+        cfg = parse_config(raw)
+        assert cfg.config_version == "1.0" and cfg.metrics_port == 9400
+    assert schema_path().endswith("finetune_trainer/config.schema.json")
+
+
+def test_parse_maps_camel_case_to_typed_fields(tmp_path: Path) -> None:
+    raw = valid(tmp_path, training={"lora": {"r": 8, "alpha": 16, "dropout": 0.1, "targetModules": ["query"]}})
+    cfg = parse_config(raw)
+    assert cfg.task == "sequence-classification"
+    assert cfg.model.init_from_config is True and cfg.model.source.endswith("examples/tiny/bert")
+    assert cfg.dataset.text_field == "text" and cfg.dataset.label_field == "label"
+    assert cfg.training.max_steps == 30 and cfg.training.epochs is None
+    assert cfg.training.lora is not None and cfg.training.lora.target_modules == ("query",)
+    assert cfg.checkpoints_dir == str(tmp_path / "out" / "checkpoints")
+    assert cfg.result_path == str(tmp_path / "out" / "result.json")
+
+
+def test_minimal_config_gets_defaults(tmp_path: Path) -> None:
+    raw = {
+        "configVersion": "1.0",
+        "job": {"name": "j", "namespace": "n"},
+        "task": "causal-lm",
+        "model": {"name": "gpt2"},
+        "dataset": {"name": "wikitext", "textField": "text"},
+        "training": {"epochs": 1},
+        "output": {"path": str(tmp_path)},
+    }
+    cfg = parse_config(raw)
+    assert (cfg.acceleration, cfg.metrics_port, cfg.preflight_timeout_seconds) == ("auto", 9400, 300)
+    assert (cfg.training.keep_checkpoints, cfg.training.precision, cfg.dataset.split) == (2, "auto", "train")
+
+
+def test_newer_minor_version_with_unknown_field_is_accepted(tmp_path: Path) -> None:
+    raw = valid(tmp_path, configVersion="1.7", futureField={"x": 1})
+    assert parse_config(raw).config_version == "1.7"
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"configVersion": "2.0"}, "configVersion"),
+        ({"configVersion": "one"}, "configVersion"),
+        ({"task": "summarization"}, "task"),
+        ({"task": "token-classification"}, "task"),
+        ({"acceleration": "tensorrt"}, "acceleration"),
+        ({"training": {"maxSteps": 10, "epochs": 1}}, "training"),
+        ({"training": {"maxSteps": None, "epochs": None}}, "training"),
+        ({"training": {"perDeviceBatchSize": 0}}, "training.perDeviceBatchSize"),
+        ({"training": {"extraArgs": {"output_dir": "/x"}}}, "training.extraArgs.output_dir"),
+        ({"training": {"evaluation": {"strategy": "steps", "everySteps": 5}}}, "training.evaluation.strategy"),
+        ({"dataset": {"labelField": None}}, "dataset.labelField"),
+        ({"dataset": {"name": "imdb"}}, "dataset"),
+        ({"model": {"path": None}}, "model"),
+        ({"output": {"path": ""}}, "output.path"),
+        ({"metrics": {"port": 70000}}, "metrics.port"),
+        ({"unknownTopLevel": 1}, "(root)"),
+    ],
+    ids=lambda v: json.dumps(v) if isinstance(v, dict) else v,
+)
+def test_invalid_config_names_the_field(tmp_path: Path, override: dict[str, Any], field: str) -> None:
+    raw = valid(tmp_path)
+    raw = deep_merge(raw, override)
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert err.value.field == field, str(err.value)
+
+
+def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.json"))
+
+
+def test_dataset_columns_checked_against_the_file(tmp_path: Path) -> None:
+    from finetune_trainer import data
+
+    cfg = parse_config(valid(tmp_path, dataset={"textField": "txt"}))
+    with pytest.raises(ConfigError) as err:
+        data.validate_local_dataset(cfg)
+    assert str(err.value) == (
+        "dataset.textField: column 'txt' not in dataset columns ['text', 'label']; set spec.dataset.textField"
+    )
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text("sentence,label\nhello,1\n")
+    cfg = parse_config(valid(tmp_path, dataset={"path": str(csv_file), "textField": "sentence"}))
+    data.validate_local_dataset(cfg)  # no error
+
+
+def test_label_mapping() -> None:
+    from finetune_trainer.data import label_mapping
+
+    assert label_mapping([1, 0, 1]) == ({0: 0, 1: 1}, ["0", "1"])
+    assert label_mapping(["pos", "neg"]) == ({"neg": 0, "pos": 1}, ["neg", "pos"])
+
+
+# --- env contract ---------------------------------------------------------------------------------------------------
+
+
+def test_env_contract_prefers_pet_names() -> None:
+    env = {
+        "PET_NNODES": "2", "NNODES": "9", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "ft-node-0.ft", "PET_MASTER_PORT": "29500", "WORLD_SIZE": "8",
+        "FINETUNE_JOB_NAME": "ft", "FINETUNE_NAMESPACE": "ns", "FINETUNE_ATTEMPT": "2",
+    }  # fmt: skip
+    run = read_env(env)
+    assert (run.nnodes, run.nproc_per_node, run.node_rank, run.world_size) == (2, 4, 1, 8)
+    assert (run.master_addr, run.master_port, run.job_name, run.namespace, run.attempt) == (
+        "ft-node-0.ft",
+        29500,
+        "ft",
+        "ns",
+        2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"PET_NNODES": "2", "PET_NODE_RANK": "2"}, "PET_NODE_RANK"),
+        ({"PET_NNODES": "2", "WORLD_SIZE": "3"}, "WORLD_SIZE"),
+     ({"PET_NPROC_PER_NODE": "gpu"}, "PET_NPROC_PER_NODE")],
+    ids=["rank-out-of-range", "world-size-mismatch", "nproc-not-int"],
+)  # fmt: skip
+def test_env_contract_errors(env: dict[str, str], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        read_env(env)
+    assert err.value.field == field
+
+
+# --- checkpoints ----------------------------------------------------------------------------------------------------
+
+
+def make_ckpt(root: Path, step: int, complete: bool) -> Path:
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"x")
+    if complete:
+        checkpoints.mark_complete(str(path), step)
+    return path
+
+
+def test_latest_complete_skips_partial_and_sorts_numerically(tmp_path: Path) -> None:
+    for step, complete in [(5, True), (10, True), (100, False), (9, True)]:
+        make_ckpt(tmp_path, step, complete)
+    (tmp_path / "checkpoint-x").mkdir()
+    (tmp_path / "other").mkdir()
+    latest = checkpoints.latest_complete(str(tmp_path))
+    assert latest is not None and latest.step == 10
+    assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [5, 9, 10, 100]
+    assert checkpoints.latest_complete(str(tmp_path / "missing")) is None
+
+
+def test_retention_keeps_newest_k_complete_and_drops_old_partials(tmp_path: Path) -> None:
+    for step, complete in [(1, True), (2, False), (3, True), (4, True), (5, False)]:
+        make_ckpt(tmp_path, step, complete)
+    removed = checkpoints.apply_retention(str(tmp_path), keep=2)
+    assert sorted(c.step for c in removed) == [1, 2]
+    # 5 is newer than the newest complete one: it may still be written by someone, so it stays.
+    assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [3, 4, 5]
+
+
+def test_remove_incomplete(tmp_path: Path) -> None:
+    make_ckpt(tmp_path, 1, True)
+    make_ckpt(tmp_path, 2, False)
+    assert [c.step for c in checkpoints.remove_incomplete(str(tmp_path))] == [2]
+    assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [1]
+
+
+# --- acceleration ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requested", "hardware", "expected"),
+    [("auto", "cpu", "none"), ("auto", "cuda", "none"), ("auto", "tpu", "none"), ("ort", "cpu", "ort"),
+     ("compile", "cuda", "compile"), ("none", "cuda", "none")],
+)  # fmt: skip
+def test_auto_table(requested: str, hardware: str, expected: str) -> None:
+    assert accel.resolve_acceleration(requested, hardware) == expected
+
+
+def test_backends() -> None:
+    ort = accel.make_backend("ort")
+    assert ort.attn_implementation == "eager" and ort.extra_args == {"optim": "adamw_torch"}
+    assert accel.make_backend("compile").extra_args == {"torch_compile": True}
+    with pytest.raises(ConfigError):
+        accel.make_backend("tensorrt")
+
+
+def test_ort_rejects_several_processes_per_node_on_cpu() -> None:
+    pytest.importorskip("optimum.onnxruntime")
+    if not accel.ort_extensions_built():
+        pytest.skip("ORTModule extensions not built")
+    with pytest.raises(ConfigError, match="one process per node"):
+        accel.check_available("ort", nproc_per_node=2, cuda_available=False)
+    accel.check_available("ort", nproc_per_node=1, cuda_available=False)
+
+
+# --- metrics --------------------------------------------------------------------------------------------------------
+
+
+def test_mfu_formula_and_peak_table() -> None:
+    from finetune_trainer.metrics import mfu, peak_flops, training_flops
+
+    assert training_flops(1_000_000, 1000) == 6e9
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert math.isnan(peak_flops(None, "fp32")) and math.isnan(peak_flops("Some NPU", "bf16"))
+    # 7B params at 3000 tokens/s on 8 A100s: 6*7e9*3000 / (8*312e12) = 0.0505
+    assert mfu(7_000_000_000, 3000, 312e12, 8) == pytest.approx(0.05048, rel=1e-3)
+    assert math.isnan(mfu(1, 1.0, math.nan, 1))
+
+
+def test_metric_labels_are_exact() -> None:
+    from finetune_trainer.metrics import TrainerMetrics
+    from prometheus_client import generate_latest
+
+    m = TrainerMetrics(namespace="ns", job="ft", node_rank=1)
+    m.steps.inc()
+    text = generate_latest(m.registry).decode()
+    assert 'finetune_train_steps_total{finetune_job="ft",finetune_namespace="ns",node_rank="1"} 1.0' in text
+    assert 'job="' not in text.replace("finetune_job=", "") and 'namespace="' not in text.replace(
+        "finetune_namespace=", ""
+    )
+
+
+# --- preflight ------------------------------------------------------------------------------------------------------
+
+
+def test_preflight_connects_to_a_listening_master() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert wait_for_master("127.0.0.1", port, connect=True, timeout_s=5) >= 0
+
+
+def test_preflight_times_out_naming_the_address() -> None:
+    now = [0.0]
+    sleeps: list[float] = []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        now[0] += s
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RendezvousTimeout, match=f"127.0.0.1:{port}"):
+        wait_for_master("127.0.0.1", port, connect=True, timeout_s=10, clock=lambda: now[0], sleep=sleep)
+    assert sleeps[:4] == [0.2, 0.4, 0.8, 1.6]  # exponential backoff
+    assert sum(sleeps) == pytest.approx(10)
+
+
+# --- failure reporting ----------------------------------------------------------------------------------------------
+
+
+def test_classify_failure() -> None:
+    assert classify_failure("ConfigError: dataset.textField: nope") == (78, "dataset.textField: nope")
+    assert (
+        classify_failure("DistStoreError: Timed out after 300 seconds waiting for clients. 1/2 clients joined.")[0]
+        == 75
+    )
+    assert classify_failure("RuntimeError: CUDA out of memory")[0] == 1
+    assert classify_failure("")[0] == 1
+
+
+def test_error_file_and_termination_log(tmp_path: Path) -> None:
+    err = tmp_path / "error.json"
+    err.write_text(json.dumps({"message": {"message": "ValueError: boom", "extraInfo": {}}}))
+    assert read_error_file(str(err)) == "ValueError: boom"
+    assert read_error_file(str(tmp_path / "missing.json")) == ""
+    log = tmp_path / "termination-log"
+    write_termination_log("TrainingError", "x" * 5000, str(log))
+    payload = json.loads(log.read_text())
+    assert payload["reason"] == "TrainingError" and len(payload["message"]) <= 3000
+    write_termination_log("TrainingError", "ignored", str(tmp_path / "no" / "such" / "dir"))  # silently skipped

@@ -1,0 +1,352 @@
+"""The config contract: parse the operator's JSON once into typed, frozen objects.
+
+Validation order: ``configVersion`` (a newer major is refused), then the JSON Schema in ``config.schema.json``
+(the same file the operator's tests validate the builder's output against), then cross-field rules. Every error is
+a :class:`ConfigError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+from finetune_trainer.errors import ConfigError
+
+CONFIG_VERSION = "1.0"
+SUPPORTED_MAJOR = 1
+SUPPORTED_MINOR = 0
+DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
+
+Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq"]
+SUPPORTED_TASKS = ("sequence-classification", "causal-lm")
+Acceleration = Literal["auto", "ort", "compile", "none"]
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+FORMAT_BY_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+# TrainingArguments the trainer owns: setting them through extraArgs would break checkpoints or metrics.
+MANAGED_TRAINING_ARGS = frozenset(
+    {
+        "output_dir",
+        "overwrite_output_dir",
+        "save_strategy",
+        "save_steps",
+        "save_total_limit",
+        "resume_from_checkpoint",
+        "local_rank",
+        "ddp_backend",
+        "max_steps",
+        "num_train_epochs",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "seed",
+        "bf16",
+        "fp16",
+        "torch_compile",
+        "push_to_hub",
+        "hub_token",
+    }
+)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    name: str
+    namespace: str
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str | None = None
+    path: str | None = None
+    revision: str | None = None
+    init_from_config: bool = False
+    trust_remote_code: bool = False
+
+    @property
+    def source(self) -> str:
+        """Where to load from: the local path wins over the Hub id."""
+        return self.path or self.name or ""
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    text_field: str
+    name: str | None = None
+    config: str | None = None
+    split: str = "train"
+    eval_split: str | None = None
+    path: str | None = None
+    format: str | None = None
+    text_pair_field: str | None = None
+    label_field: str | None = None
+
+    def resolved_format(self) -> str:
+        if self.format:
+            return self.format
+        assert self.path is not None
+        if os.path.isdir(self.path):
+            for name in sorted(os.listdir(self.path)):
+                stem, ext = os.path.splitext(name)
+                if stem == self.split and ext in FORMAT_BY_EXTENSION:
+                    return FORMAT_BY_EXTENSION[ext]
+            raise ConfigError(
+                "dataset.path",
+                f"directory {self.path!r} has no {self.split}.jsonl/.csv/.parquet file for split {self.split!r}",
+            )
+        ext = os.path.splitext(self.path)[1].lower()
+        if ext not in FORMAT_BY_EXTENSION:
+            raise ConfigError(
+                "dataset.format", f"cannot tell the format of {self.path!r} from its extension; set spec.dataset.format"
+            )
+        return FORMAT_BY_EXTENSION[ext]
+
+    def split_file(self, split: str) -> str:
+        """The file holding ``split`` for a local dataset: the file itself, or ``<dir>/<split>.<ext>``."""
+        assert self.path is not None
+        if not os.path.isdir(self.path):
+            return self.path
+        fmt = self.resolved_format()
+        exts = [e for e, f in FORMAT_BY_EXTENSION.items() if f == fmt]
+        for ext in exts:
+            candidate = os.path.join(self.path, split + ext)
+            if os.path.exists(candidate):
+                return candidate
+        raise ConfigError("dataset.path", f"no file for split {split!r} in {self.path!r} (expected {split}{exts[0]})")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    r: int
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    epochs: float | None = None
+    max_steps: int | None = None
+    per_device_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-5
+    max_seq_length: int = 512
+    precision: Precision = "auto"
+    seed: int = 42
+    checkpoint_every_steps: int = 500
+    keep_checkpoints: int = 2
+    eval_strategy: str = "no"
+    eval_every_steps: int | None = None
+    extra_args: dict[str, Any] = field(default_factory=dict)
+    lora: LoraConfig | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    config_version: str
+    job: JobRef
+    task: Task
+    model: ModelConfig
+    dataset: DatasetConfig
+    training: TrainingConfig
+    output_path: str
+    acceleration: Acceleration = "auto"
+    metrics_port: int = 9400
+    preflight_timeout_seconds: int = 300
+
+    @property
+    def checkpoints_dir(self) -> str:
+        return os.path.join(self.output_path, "checkpoints")
+
+    @property
+    def model_dir(self) -> str:
+        return os.path.join(self.output_path, "model")
+
+    @property
+    def result_path(self) -> str:
+        return os.path.join(self.output_path, "result.json")
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the config contract (``config.schema.json`` next to this module)."""
+    text = resources.files("finetune_trainer").joinpath("config.schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def schema_path() -> str:
+    return str(resources.files("finetune_trainer").joinpath("config.schema.json"))
+
+
+def _relaxed(node: Any) -> Any:
+    """The schema without ``additionalProperties: false``: accepts fields added by a newer minor version."""
+    if isinstance(node, dict):
+        return {k: _relaxed(v) for k, v in node.items() if not (k == "additionalProperties" and v is False)}
+    if isinstance(node, list):
+        return [_relaxed(v) for v in node]
+    return node
+
+
+def _field_path(path: Any) -> str:
+    parts = [str(p) for p in path]
+    return ".".join(parts) if parts else "(root)"
+
+
+def check_version(raw: dict[str, Any]) -> tuple[int, int]:
+    version = raw.get("configVersion")
+    if not isinstance(version, str) or version.count(".") != 1 or not all(p.isdigit() for p in version.split(".")):
+        raise ConfigError(
+            "configVersion", f"must be a 'major.minor' string such as {CONFIG_VERSION!r}, got {version!r}"
+        )
+    major, minor = (int(p) for p in version.split("."))
+    if major > SUPPORTED_MAJOR:
+        raise ConfigError(
+            "configVersion",
+            f"config version {version} is newer than this trainer supports ({SUPPORTED_MAJOR}.x); "
+            "use a trainer image that matches the operator's version",
+        )
+    if major < SUPPORTED_MAJOR:
+        raise ConfigError(
+            "configVersion", f"config version {version} is older than {SUPPORTED_MAJOR}.x; upgrade the operator"
+        )
+    return major, minor
+
+
+def validate_schema(raw: dict[str, Any]) -> None:
+    """Validate against the JSON Schema; a newer minor version is validated without rejecting unknown fields."""
+    import jsonschema
+
+    _, minor = check_version(raw)
+    the_schema = schema() if minor <= SUPPORTED_MINOR else _relaxed(copy.deepcopy(schema()))
+    validator = jsonschema.Draft202012Validator(the_schema)
+    errors = sorted(validator.iter_errors(raw), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        err = errors[0]
+        where = _field_path(err.absolute_path)
+        raise ConfigError(where, err.message)
+
+
+def parse_config(raw: dict[str, Any]) -> Config:
+    """Validate ``raw`` (the parsed JSON) and return the typed config, or raise :class:`ConfigError`."""
+    if not isinstance(raw, dict):
+        raise ConfigError("(root)", "the config must be a JSON object")
+    validate_schema(raw)
+
+    task = raw["task"]
+    if task not in SUPPORTED_TASKS:
+        raise ConfigError(
+            "task",
+            f"task {task!r} is not supported by this trainer image (supported: {', '.join(SUPPORTED_TASKS)}); "
+            "set spec.task to one of them",
+        )
+
+    m = raw["model"]
+    model = ModelConfig(
+        name=m.get("name"),
+        path=m.get("path"),
+        revision=m.get("revision"),
+        init_from_config=bool(m.get("initFromConfig", False)),
+        trust_remote_code=bool(m.get("trustRemoteCode", False)),
+    )
+    if not model.name and not model.path:
+        raise ConfigError("model", "set spec.model.name (a Hub id) or spec.model.path (a local directory)")
+
+    d = raw["dataset"]
+    dataset = DatasetConfig(
+        name=d.get("name"),
+        config=d.get("config"),
+        split=d.get("split") or "train",
+        eval_split=d.get("evalSplit"),
+        path=d.get("path"),
+        format=d.get("format"),
+        text_field=d["textField"],
+        text_pair_field=d.get("textPairField"),
+        label_field=d.get("labelField"),
+    )
+    if bool(dataset.name) == bool(dataset.path):
+        raise ConfigError(
+            "dataset",
+            "set exactly one of spec.dataset.name (a Hub id) and spec.dataset.path (a local file or directory)",
+        )
+    if task == "sequence-classification" and not dataset.label_field:
+        raise ConfigError(
+            "dataset.labelField", "sequence-classification needs a label column; set spec.dataset.labelField"
+        )
+
+    t = raw["training"]
+    ev = t.get("evaluation") or {}
+    lora_raw = t.get("lora")
+    lora = None
+    if lora_raw:
+        lora = LoraConfig(
+            r=lora_raw["r"],
+            alpha=lora_raw.get("alpha", 16),
+            dropout=lora_raw.get("dropout", 0.05),
+            target_modules=tuple(lora_raw.get("targetModules") or ()),
+        )
+    training = TrainingConfig(
+        epochs=t.get("epochs"),
+        max_steps=t.get("maxSteps"),
+        per_device_batch_size=t.get("perDeviceBatchSize", 8),
+        gradient_accumulation_steps=t.get("gradientAccumulationSteps", 1),
+        learning_rate=t.get("learningRate", 5e-5),
+        max_seq_length=t.get("maxSeqLength", 512),
+        precision=t.get("precision", "auto"),
+        seed=t.get("seed", 42),
+        checkpoint_every_steps=t.get("checkpointEverySteps", 500),
+        keep_checkpoints=t.get("keepCheckpoints", 2),
+        eval_strategy=ev.get("strategy", "no"),
+        eval_every_steps=ev.get("everySteps"),
+        extra_args=dict(t.get("extraArgs") or {}),
+        lora=lora,
+    )
+    if (training.epochs is None) == (training.max_steps is None):
+        raise ConfigError("training", "set exactly one of spec.training.epochs and spec.training.maxSteps")
+    if training.eval_strategy != "no" and not dataset.eval_split:
+        raise ConfigError(
+            "training.evaluation.strategy",
+            f"strategy {training.eval_strategy!r} needs an evaluation split; set spec.dataset.evalSplit",
+        )
+    if training.eval_strategy == "steps" and not training.eval_every_steps:
+        raise ConfigError(
+            "training.evaluation.everySteps", "strategy 'steps' needs spec.training.evaluation.everySteps"
+        )
+    for key in training.extra_args:
+        if key in MANAGED_TRAINING_ARGS:
+            raise ConfigError(
+                f"training.extraArgs.{key}",
+                f"{key!r} is set by the trainer from the FineTuneJob spec and cannot be overridden in extraArgs",
+            )
+
+    metrics = raw.get("metrics") or {}
+    preflight = raw.get("preflight") or {}
+    return Config(
+        config_version=raw["configVersion"],
+        job=JobRef(name=raw["job"]["name"], namespace=raw["job"]["namespace"]),
+        task=task,
+        model=model,
+        dataset=dataset,
+        training=training,
+        output_path=raw["output"]["path"],
+        acceleration=raw.get("acceleration", "auto"),
+        metrics_port=metrics.get("port", 9400),
+        preflight_timeout_seconds=preflight.get("timeoutSeconds", 300),
+    )
+
+
+def load_config(path: str | None = None) -> Config:
+    """Read and parse the config file (``$FINETUNE_CONFIG``, default ``/etc/finetune/config.json``)."""
+    path = path or os.environ.get("FINETUNE_CONFIG", DEFAULT_CONFIG_PATH)
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError("FINETUNE_CONFIG", f"config file {path!r} does not exist") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError("FINETUNE_CONFIG", f"config file {path!r} is not valid JSON: {e}") from None
+    return parse_config(raw)

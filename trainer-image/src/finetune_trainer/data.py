@@ -1,0 +1,123 @@
+"""Datasets: a cheap column check for the launcher (before torchrun), and loading + tokenization for workers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Any
+
+from finetune_trainer.config import Config, DatasetConfig
+from finetune_trainer.errors import ConfigError
+
+
+def local_columns(ds: DatasetConfig, split: str) -> list[str]:
+    """Column names of a local split, read from the first record / header / schema (no full load)."""
+    fmt = ds.resolved_format()
+    path = ds.split_file(split)
+    if not os.path.isfile(path):
+        raise ConfigError(
+            "dataset.path", f"file {path!r} does not exist; check spec.dataset.path and the output volume"
+        )
+    try:
+        if fmt == "jsonl":
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        record = json.loads(line)
+                        if not isinstance(record, dict):
+                            raise ConfigError("dataset.path", f"{path!r}: each line must be a JSON object")
+                        return list(record)
+            raise ConfigError("dataset.path", f"{path!r} is empty")
+        if fmt == "csv":
+            with open(path, encoding="utf-8", newline="") as f:
+                header = next(csv.reader(f), None)
+            if not header:
+                raise ConfigError("dataset.path", f"{path!r} is empty (no CSV header)")
+            return header
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("dataset.path", f"{path!r} is not valid {fmt}: {e}") from None
+    except OSError as e:
+        raise ConfigError("dataset.path", f"cannot read {path!r} as {fmt}: {e}") from None
+
+
+def check_columns(config: Config, columns: list[str]) -> None:
+    """Every configured field must be a column; the message names the field and the columns that exist."""
+    ds = config.dataset
+    wanted = [("textField", ds.text_field), ("textPairField", ds.text_pair_field)]
+    if config.task == "sequence-classification":
+        wanted.append(("labelField", ds.label_field))
+    for key, column in wanted:
+        if column and column not in columns:
+            raise ConfigError(
+                f"dataset.{key}",
+                f"column {column!r} not in dataset columns {columns}; set spec.dataset.{key}",
+            )
+
+
+def validate_local_dataset(config: Config) -> None:
+    """Launcher-side check of a local dataset (Hub datasets are checked by the workers once loaded)."""
+    ds = config.dataset
+    if not ds.path:
+        return
+    if not os.path.exists(ds.path):
+        raise ConfigError("dataset.path", f"{ds.path!r} does not exist; check spec.dataset.path and the mounted volume")
+    if ds.eval_split and not os.path.isdir(ds.path):
+        raise ConfigError(
+            "dataset.evalSplit",
+            "an evaluation split needs spec.dataset.path to be a directory holding <split>.<ext> files",
+        )
+    check_columns(config, local_columns(ds, ds.split))
+    if ds.eval_split:
+        check_columns(config, local_columns(ds, ds.eval_split))
+
+
+def load_split(config: Config, split: str) -> Any:
+    """Load one split as a ``datasets.Dataset`` (local file or Hub id)."""
+    import datasets
+
+    ds = config.dataset
+    if ds.path:
+        fmt = ds.resolved_format()
+        builder = {"jsonl": "json", "csv": "csv", "parquet": "parquet"}[fmt]
+        return datasets.load_dataset(builder, data_files={split: ds.split_file(split)}, split=split)
+    token = os.environ.get("HF_TOKEN") or None
+    return datasets.load_dataset(ds.name, ds.config, split=split, token=token)
+
+
+def label_mapping(values: list[Any]) -> tuple[dict[Any, int], list[str]]:
+    """Map label values to ids: integers keep their value (0..max), anything else is sorted and numbered."""
+    unique = sorted({v for v in values if v is not None}, key=lambda v: (str(type(v)), v))
+    if unique and all(isinstance(v, (int, bool)) for v in unique):
+        if min(unique) < 0:
+            raise ConfigError("dataset.labelField", f"integer labels must be >= 0, found {min(unique)}")
+        n = int(max(unique)) + 1
+        return {int(v): int(v) for v in unique}, [str(i) for i in range(n)]
+    names = [str(v) for v in unique]
+    return {v: i for i, v in enumerate(unique)}, names
+
+
+def tokenize(config: Config, dataset: Any, tokenizer: Any, label_ids: dict[Any, int] | None) -> Any:
+    """Tokenize (truncate to ``maxSeqLength``; padding happens per batch in the collator)."""
+    ds = config.dataset
+    max_len = config.training.max_seq_length
+
+    if config.task == "sequence-classification":
+        assert label_ids is not None
+
+        def fn(batch: dict[str, list[Any]]) -> dict[str, Any]:
+            pair = batch[ds.text_pair_field] if ds.text_pair_field else None
+            out = tokenizer(batch[ds.text_field], pair, truncation=True, max_length=max_len)
+            out["labels"] = [label_ids[v] for v in batch[ds.label_field]]
+            return out
+
+    else:  # causal-lm
+
+        def fn(batch: dict[str, list[Any]]) -> dict[str, Any]:
+            return tokenizer(batch[ds.text_field], truncation=True, max_length=max_len)
+
+    tokenized = dataset.map(fn, batched=True, remove_columns=dataset.column_names, desc="tokenize")
+    return tokenized.filter(lambda ex: len(ex["input_ids"]) > 0)

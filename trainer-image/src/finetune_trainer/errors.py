@@ -1,0 +1,59 @@
+"""Exit codes, failure reasons and the termination log: what the operator reads when a pod fails."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Final
+
+EXIT_OK: Final = 0
+EXIT_TRAINING_ERROR: Final = 1
+EXIT_RENDEZVOUS_TIMEOUT: Final = 75  # EX_TEMPFAIL
+EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG
+EXIT_TERMINATED: Final = 143  # 128 + SIGTERM
+
+REASON_CONFIG: Final = "ConfigError"
+REASON_RENDEZVOUS: Final = "RendezvousTimeout"
+REASON_TRAINING: Final = "TrainingError"
+REASON_TERMINATED: Final = "Terminated"
+
+REASON_BY_EXIT: Final = {
+    EXIT_TRAINING_ERROR: REASON_TRAINING,
+    EXIT_RENDEZVOUS_TIMEOUT: REASON_RENDEZVOUS,
+    EXIT_CONFIG_ERROR: REASON_CONFIG,
+    EXIT_TERMINATED: REASON_TERMINATED,
+}
+
+DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
+# Kubernetes keeps at most 4096 bytes of a termination message; stay well under it.
+MAX_MESSAGE_CHARS: Final = 3000
+# A worker's ConfigError travels through torchelastic's error file with this prefix.
+CONFIG_ERROR_PREFIX: Final = "ConfigError: "
+
+
+class ConfigError(Exception):
+    """A configuration or data error: the job cannot succeed as specified, so it is never retried (exit 78).
+
+    ``field`` is the config path at fault (``dataset.textField``); the message says what to change.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class RendezvousTimeout(Exception):
+    """The preflight could not reach rank 0 in time (exit 75)."""
+
+
+def write_termination_log(reason: str, message: str, path: str | None = None) -> None:
+    """Write ``{"reason", "message"}`` for the operator; silently skip when the path is not writable."""
+    path = path or os.environ.get("FINETUNE_TERMINATION_LOG", DEFAULT_TERMINATION_LOG)
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = "…" + message[-(MAX_MESSAGE_CHARS - 1) :]
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"reason": reason, "message": message}, f)
+    except OSError:
+        pass

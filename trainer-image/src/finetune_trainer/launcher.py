@@ -1,0 +1,224 @@
+"""``finetune-trainer``: the pod's container command (PID 1).
+
+1. read the config (``$FINETUNE_CONFIG``) and the env contract; validate config and dataset *before* torchrun,
+   because torchrun turns every worker failure into exit 1;
+2. distributed preflight (rank 0 resolves its own address; other ranks wait until they can connect to it);
+3. run ``python -m torch.distributed.run -m finetune_trainer.worker`` (torchrun reads the ``PET_*`` variables);
+4. exit with a documented code and, on failure, write ``{"reason", "message"}`` to the termination log.
+
+Exit codes: 0 success; 78 configuration or data error (never retried); 75 rendezvous/preflight timeout;
+143 stopped by SIGTERM (after a collective checkpoint when possible); 1 anything else (training crash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from finetune_trainer import errors
+from finetune_trainer.config import Config, load_config
+from finetune_trainer.env import RunEnv, read_env
+from finetune_trainer.errors import ConfigError, RendezvousTimeout
+
+log = logging.getLogger("finetune_trainer.launcher")
+
+_RENDEZVOUS_MARKERS = ("DistStoreError", "RendezvousTimeoutError", "waiting for clients", "RendezvousConnectionError")
+
+
+def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
+    """Everything that can be checked without training. Raises :class:`ConfigError`."""
+    from finetune_trainer import accel, compat, data
+
+    m = config.model
+    if m.path:
+        if not os.path.isdir(m.path):
+            raise ConfigError("model.path", f"{m.path!r} is not a directory; check spec.model.path and the volume")
+        if not os.path.isfile(os.path.join(m.path, "config.json")):
+            raise ConfigError("model.path", f"{m.path!r} has no config.json; it must be a saved Hugging Face model")
+    elif os.environ.get("HF_HUB_OFFLINE") == "1" and not m.init_from_config:
+        log.info("HF_HUB_OFFLINE=1: %r must already be in the Hugging Face cache", m.name)
+
+    data.validate_local_dataset(config)
+
+    kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda_available))
+    accel.check_available(kind, nproc_per_node=run.nproc_per_node, cuda_available=cuda_available)
+    if config.training.precision == "fp16" and not cuda_available:
+        raise ConfigError("training.precision", "fp16 needs a GPU; use 'auto', 'bf16' or 'fp32' on CPU")
+
+    args_cls = accel.make_backend(kind).args_class()
+    known = compat.training_arg_names(args_cls)
+    for key in config.training.extra_args:
+        if key not in known:
+            close = sorted(k for k in known if key.replace("_", "") in k.replace("_", ""))[:3]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(
+                f"training.extraArgs.{key}",
+                f"{key!r} is not a transformers TrainingArguments field{hint}; "
+                f"fix or remove spec.training.extraArgs.{key}",
+            )
+
+    try:
+        os.makedirs(config.checkpoints_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=config.output_path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            "output.path", f"cannot write to {config.output_path!r}: {e}; check the output volume"
+        ) from None
+
+
+def preflight(config: Config, run: RunEnv) -> float:
+    """Seconds spent; raises :class:`RendezvousTimeout`."""
+    from finetune_trainer.preflight import wait_for_master
+
+    if run.nnodes == 1:
+        return 0.0
+    return wait_for_master(
+        run.master_addr, run.master_port, connect=run.node_rank > 0, timeout_s=config.preflight_timeout_seconds
+    )
+
+
+def torchrun_command(config: Config) -> list[str]:
+    timeout = max(60, config.preflight_timeout_seconds)
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--max-restarts", "0",  # restarts are the operator's (gang) decision
+        "--rdzv-conf", f"timeout={timeout}",
+        "-m", "finetune_trainer.worker",
+    ]  # fmt: skip
+
+
+def worker_env(run: RunEnv, launch_time: float, error_file: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("WORLD_SIZE", None)  # torchrun computes it for its workers
+    env.update(
+        {
+            "PET_NNODES": str(run.nnodes),
+            "PET_NPROC_PER_NODE": str(run.nproc_per_node),
+            "PET_NODE_RANK": str(run.node_rank),
+            "PET_MASTER_ADDR": run.master_addr,
+            "PET_MASTER_PORT": str(run.master_port),
+            "FINETUNE_JOB_NAME": run.job_name,
+            "FINETUNE_NAMESPACE": run.namespace,
+            "FINETUNE_ATTEMPT": str(run.attempt),
+            "FINETUNE_LAUNCH_TIME": repr(launch_time),
+            "TORCHELASTIC_ERROR_FILE": error_file,
+        }
+    )
+    return env
+
+
+def read_error_file(path: str) -> str:
+    """The root-cause message torchrun copied from the failing worker's ``@record`` error file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            payload: Any = json.load(f)
+    except (OSError, ValueError):
+        return ""
+    message = payload.get("message", "") if isinstance(payload, dict) else ""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return str(message)
+
+
+def classify_failure(message: str) -> tuple[int, str]:
+    if message.startswith(errors.CONFIG_ERROR_PREFIX):
+        return errors.EXIT_CONFIG_ERROR, message[len(errors.CONFIG_ERROR_PREFIX) :]
+    if any(marker in message for marker in _RENDEZVOUS_MARKERS):
+        return errors.EXIT_RENDEZVOUS_TIMEOUT, message
+    return errors.EXIT_TRAINING_ERROR, message or "a training worker failed; see the pod log"
+
+
+class _Forwarder:
+    """On SIGTERM/SIGINT, signal the workers directly (they agree on a checkpoint and stop together); torchrun
+    itself would give them only 30 s before SIGKILL. Before workers exist, signal torchrun."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.signalled = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signalled = True
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            import psutil
+
+            workers = psutil.Process(proc.pid).children(recursive=False)
+        except Exception:
+            workers = []
+        if workers:
+            for w in workers:
+                with contextlib.suppress(Exception):
+                    w.send_signal(signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+
+
+def _fail(code: int, message: str) -> int:
+    reason = errors.REASON_BY_EXIT.get(code, errors.REASON_TRAINING)
+    print(f"finetune-trainer: {reason}: {message}", file=sys.stderr, flush=True)
+    errors.write_termination_log(reason, message)
+    return code
+
+
+def run() -> int:
+    launch_time = time.time()
+    original_env = dict(os.environ)
+    # Accelerate treats WORLD_SIZE > 1 as "this process is distributed": the launcher is not (DESIGN.md pitfall).
+    os.environ.pop("WORLD_SIZE", None)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(message)s")
+
+    try:
+        config = load_config()
+        run_env = read_env(original_env, job_name=config.job.name, namespace=config.job.namespace)
+        import torch
+
+        validate(config, run_env, cuda_available=torch.cuda.is_available())
+    except ConfigError as e:
+        return _fail(errors.EXIT_CONFIG_ERROR, str(e))
+
+    try:
+        waited = preflight(config, run_env)
+        log.info("preflight: rank 0 at %s:%s reachable after %.1fs", run_env.master_addr, run_env.master_port, waited)
+    except RendezvousTimeout as e:
+        return _fail(errors.EXIT_RENDEZVOUS_TIMEOUT, str(e))
+
+    forwarder = _Forwarder()
+    signal.signal(signal.SIGTERM, forwarder)
+    signal.signal(signal.SIGINT, forwarder)
+    with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
+        error_file = os.path.join(tmp, "error.json")
+        cmd = torchrun_command(config)
+        log.info("starting: %s", " ".join(cmd))
+        forwarder.proc = subprocess.Popen(cmd, env=worker_env(run_env, launch_time, error_file))
+        rc = forwarder.proc.wait()
+        message = read_error_file(error_file)
+
+    if rc == 0:
+        return 0
+    if forwarder.signalled:
+        from finetune_trainer.checkpoints import latest_complete
+
+        ckpt = latest_complete(config.checkpoints_dir)
+        where = f"newest complete checkpoint: step {ckpt.step}" if ckpt else "no complete checkpoint yet"
+        return _fail(errors.EXIT_TERMINATED, f"stopped by SIGTERM ({where})")
+    code, text = classify_failure(message)
+    return _fail(code, text)
+
+
+def main() -> None:
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

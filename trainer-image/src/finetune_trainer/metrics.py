@@ -1,0 +1,239 @@
+"""Prometheus metrics, updated by a ``TrainerCallback`` and served by the local-rank-0 worker of each node.
+
+Labels are exactly ``finetune_namespace``, ``finetune_job`` and ``node_rank`` (never ``job``/``namespace``, which
+collide with Prometheus' target labels; never the step, which would explode cardinality).
+
+Samples and tokens are what this node processed: rank-local counts (rows and non-padding tokens of the batches
+the data collator built for each optimizer step) times the processes per node.
+
+MFU (model FLOPs utilisation) = achieved FLOPs / peak FLOPs, with achieved FLOPs per second estimated as
+``6 * trainable_and_frozen_params * tokens_per_second`` (forward 2·N·T plus backward 4·N·T, attention FLOPs
+ignored) and peak = :func:`peak_flops` per device x devices on this node. On CPU, or a GPU missing from
+:data:`PEAK_FLOPS`, there is no trustworthy peak and the gauge is NaN.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from transformers import TrainerCallback
+
+log = logging.getLogger(__name__)
+
+LABELS = ("finetune_namespace", "finetune_job", "node_rank")
+
+# Dense peak tensor-core throughput per device in FLOP/s, by (device-name substring, dtype). From the vendors'
+# data sheets, without sparsity. The first matching substring wins, so longer names come first.
+PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
+    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),
+    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}),
+    ("A10G", {"bf16": 70e12, "fp16": 70e12, "fp32": 31.2e12}),
+    ("A10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12}),
+    ("V100", {"fp16": 125e12, "fp32": 15.7e12}),
+    ("T4", {"fp16": 65e12, "fp32": 8.1e12}),
+]
+
+
+def peak_flops(device_name: str | None, dtype: str) -> float:
+    """Peak FLOP/s of one device for ``dtype`` ('bf16', 'fp16', 'fp32'); NaN when unknown (and on CPU)."""
+    if not device_name:
+        return math.nan
+    for key, table in PEAK_FLOPS:
+        if key.lower() in device_name.lower():
+            return table.get(dtype, math.nan)
+    return math.nan
+
+
+def training_flops(params: int, tokens: float) -> float:
+    """FLOPs of one training pass over ``tokens`` tokens: 6 · params · tokens."""
+    return 6.0 * params * tokens
+
+
+def mfu(params: int, tokens_per_second: float, peak_per_device: float, devices: int) -> float:
+    """Model FLOPs utilisation in [0, 1]; NaN when the peak is unknown."""
+    if not (peak_per_device > 0) or devices <= 0 or math.isnan(peak_per_device):
+        return math.nan
+    return training_flops(params, tokens_per_second) / (peak_per_device * devices)
+
+
+class TrainerMetrics:
+    """The metric objects, on their own registry, with this node's label values bound."""
+
+    def __init__(self, *, namespace: str, job: str, node_rank: int, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        values = (namespace, job, str(node_rank))
+        r = self.registry
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, LABELS, registry=r).labels(*values)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, LABELS, registry=r).labels(*values)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, LABELS, registry=r, buckets=buckets).labels(*values)
+
+        step_buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, float("inf"))
+        self.samples = counter("finetune_train_samples", "Training samples processed by this node")
+        self.tokens = counter("finetune_train_tokens", "Training tokens (non-padding) processed by this node")
+        self.steps = counter("finetune_train_steps", "Optimizer steps completed")
+        self.step_duration = histogram(
+            "finetune_train_step_duration_seconds", "Wall time of one optimizer step", step_buckets
+        )
+        self.loss = gauge("finetune_train_loss", "Last logged training loss (mean over ranks)")
+        self.learning_rate = gauge("finetune_train_learning_rate", "Last logged learning rate")
+        self.epoch = gauge("finetune_train_epoch", "Current epoch (fractional)")
+        self.step = gauge("finetune_train_step", "Current global optimizer step")
+        self.total_steps = gauge("finetune_train_total_steps", "Optimizer steps the run will take")
+        self.eta = gauge("finetune_train_eta_seconds", "Estimated seconds until training ends")
+        self.samples_per_second = gauge(
+            "finetune_train_samples_per_second", "Recent training samples per second on this node"
+        )
+        self.tokens_per_second = gauge(
+            "finetune_train_tokens_per_second", "Recent training tokens per second on this node"
+        )
+        self.mfu = gauge("finetune_train_mfu", "Model FLOPs utilisation (0-1; NaN on CPU or unknown GPUs)")
+        self.checkpoint_last_step = gauge("finetune_checkpoint_last_step", "Step of the newest complete checkpoint")
+        self.checkpoint_save_duration = histogram(
+            "finetune_checkpoint_save_duration_seconds",
+            "Wall time of one checkpoint save, including the completion barrier",
+            (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf")),
+        )
+        self.time_to_first_step = gauge(
+            "finetune_time_to_first_step_seconds", "Seconds from launcher start to the end of the first optimizer step"
+        )
+        self.rendezvous_duration = gauge(
+            "finetune_rendezvous_duration_seconds", "Seconds from launcher start until the process group was formed"
+        )
+        self.attempt = gauge("finetune_attempt", "Attempt number of this run (FINETUNE_ATTEMPT)")
+        self.mfu.set(math.nan)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
+        """Start the HTTP endpoint; a port in use is logged, not fatal (metrics must never stop training)."""
+        if port <= 0:
+            return False
+        try:
+            start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as e:
+            log.warning("metrics: cannot listen on %s:%s: %s; continuing without a metrics endpoint", addr, port, e)
+            return False
+        return True
+
+
+class BatchCounter:
+    """Wraps a data collator to count rows and non-padding tokens of the batches it builds (rank-local)."""
+
+    def __init__(self, collator: Any) -> None:
+        self.collator = collator
+        self._lock = threading.Lock()
+        self.samples = 0
+        self.tokens = 0
+
+    def __call__(self, features: list[dict[str, Any]]) -> Any:
+        batch = self.collator(features)
+        mask = batch.get("attention_mask")
+        tokens = int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+        with self._lock:
+            self.samples += len(features)
+            self.tokens += tokens
+        return batch
+
+    def take(self) -> tuple[int, int]:
+        with self._lock:
+            counts = (self.samples, self.tokens)
+            self.samples = self.tokens = 0
+        return counts
+
+
+class MetricsCallback(TrainerCallback):
+    """Updates :class:`TrainerMetrics` from the Trainer's events. Cheap: a few clock reads and Python arithmetic
+    per step, no device synchronisation and no communication."""
+
+    def __init__(
+        self,
+        metrics: TrainerMetrics,
+        counter: BatchCounter,
+        *,
+        nproc_per_node: int,
+        launch_time: float,
+        params: int,
+        peak_flops_per_device: float,
+        ema: float = 0.2,
+    ) -> None:
+        self.m = metrics
+        self.counter = counter
+        self.nproc = nproc_per_node
+        self.launch_time = launch_time
+        self.params = params
+        self.peak = peak_flops_per_device
+        self.ema = ema
+        self._step_start: float | None = None
+        self._first_step_seen = False
+        self._avg_step: float | None = None
+        self._avg_samples_per_s: float | None = None
+        self._avg_tokens_per_s: float | None = None
+        self.total_samples = 0
+        self.total_tokens = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.m.total_steps.set(state.max_steps)
+        self.m.step.set(state.global_step)
+        self.counter.take()  # drop anything counted while resuming (skipped batches)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer fetches a step's batches before this event and saves checkpoints after on_step_end, so the
+        # measured step is forward + backward + optimizer (+ gradient sync), without data loading or saving.
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        duration = now - (self._step_start if self._step_start is not None else now)
+        samples, tokens = self.counter.take()
+        samples *= self.nproc
+        tokens *= self.nproc
+        m = self.m
+        self.total_samples += samples
+        self.total_tokens += tokens
+        m.steps.inc()
+        m.samples.inc(samples)
+        m.tokens.inc(tokens)
+        m.step.set(state.global_step)
+        m.epoch.set(state.epoch or 0.0)
+        if not self._first_step_seen:
+            self._first_step_seen = True
+            m.time_to_first_step.set(time.time() - self.launch_time)
+            return  # the first step includes warm-up (compilation, ORT export): keep it out of the rates
+        m.step_duration.observe(duration)
+        if duration <= 0:
+            return
+        a = self.ema
+        self._avg_step = duration if self._avg_step is None else (1 - a) * self._avg_step + a * duration
+        sps, tps = samples / duration, tokens / duration
+        self._avg_samples_per_s = (
+            sps if self._avg_samples_per_s is None else (1 - a) * self._avg_samples_per_s + a * sps
+        )
+        self._avg_tokens_per_s = tps if self._avg_tokens_per_s is None else (1 - a) * self._avg_tokens_per_s + a * tps
+        m.samples_per_second.set(self._avg_samples_per_s)
+        m.tokens_per_second.set(self._avg_tokens_per_s)
+        m.eta.set(max(0, state.max_steps - state.global_step) * self._avg_step)
+        m.mfu.set(mfu(self.params, self._avg_tokens_per_s, self.peak, self.nproc))
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not logs:
+            return
+        if "loss" in logs:
+            self.m.loss.set(logs["loss"])
+        if "learning_rate" in logs:
+            self.m.learning_rate.set(logs["learning_rate"])
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.m.eta.set(0)

@@ -1,0 +1,384 @@
+"""One torchrun worker: build tokenizer, model, data and Trainer from the config, train, resume, save.
+
+``main()`` is thin: read config, run, always tear the process group down. Failures are recorded by torchelastic's
+``@record`` into ``TORCHELASTIC_ERROR_FILE``, which the launcher turns into the pod's termination message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from finetune_trainer import accel, checkpoints, compat, data
+from finetune_trainer.callbacks import CheckpointCallback, StopFlag
+from finetune_trainer.config import Config, load_config
+from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
+from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics, peak_flops
+
+log = logging.getLogger("finetune_trainer.worker")
+
+DEFAULT_LOGGING_STEPS = 10
+
+
+@dataclass(frozen=True)
+class Identity:
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int
+    nproc_per_node: int
+    nnodes: int
+    attempt: int
+
+    @classmethod
+    def from_env(cls) -> Identity:
+        e = os.environ
+        world = int(e.get("WORLD_SIZE", "1"))
+        nproc = int(e.get("LOCAL_WORLD_SIZE", "1"))
+        return cls(
+            rank=int(e.get("RANK", "0")),
+            local_rank=int(e.get("LOCAL_RANK", "0")),
+            world_size=world,
+            node_rank=int(e.get("GROUP_RANK", e.get("NODE_RANK", "0"))),
+            nproc_per_node=nproc,
+            nnodes=max(1, world // max(1, nproc)),
+            attempt=int(e.get("FINETUNE_ATTEMPT", "0") or 0),
+        )
+
+
+def resolve_precision(requested: str, *, cuda: bool, bf16_supported: bool) -> str:
+    """``auto``: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."""
+    if requested == "auto":
+        if not cuda:
+            return "fp32"
+        return "bf16" if bf16_supported else "fp16"
+    if requested == "fp16" and not cuda:
+        raise ConfigError("training.precision", "fp16 needs a GPU; use 'auto', 'bf16' or 'fp32' on CPU")
+    return requested
+
+
+def _auto_classes(task: str) -> Any:
+    import transformers
+
+    return {
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "causal-lm": transformers.AutoModelForCausalLM,
+    }[task]
+
+
+def build_training_args(config: Config, backend: accel.Backend, ident: Identity, *, cuda: bool, precision: str) -> Any:
+    _, args_cls = backend.classes()
+    t = config.training
+    known = compat.training_arg_names(args_cls)
+    for key in t.extra_args:
+        if key not in known:
+            raise ConfigError(f"training.extraArgs.{key}", f"{key!r} is not a TrainingArguments field of this image")
+    kwargs: dict[str, Any] = {
+        "output_dir": config.checkpoints_dir,
+        "per_device_train_batch_size": t.per_device_batch_size,
+        "per_device_eval_batch_size": t.per_device_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "learning_rate": t.learning_rate,
+        "seed": t.seed,
+        "save_strategy": "steps",
+        "save_steps": t.checkpoint_every_steps,
+        "save_total_limit": None,  # retention is ours: it only counts complete checkpoints
+        "logging_steps": DEFAULT_LOGGING_STEPS,
+        "report_to": [],
+        "disable_tqdm": True,
+        # Every parameter that requires grad is used by the supported tasks (LoRA freezes, it does not skip), so
+        # skip DDP's extra graph traversal; extraArgs can turn it back on for exotic models.
+        "ddp_find_unused_parameters": False,
+        "bf16": precision == "bf16",
+        "fp16": precision == "fp16",
+        **compat.eval_strategy_kwargs(args_cls, t.eval_strategy, t.eval_every_steps),
+    }
+    if t.max_steps is not None:
+        kwargs["max_steps"] = t.max_steps
+    else:
+        kwargs["num_train_epochs"] = t.epochs
+    if ident.world_size > 1:
+        kwargs["ddp_backend"] = "nccl" if cuda else "gloo"
+    if not cuda:
+        kwargs["use_cpu"] = True
+    kwargs.update(backend.extra_args)
+    kwargs.update(t.extra_args)
+    kwargs = {k: v for k, v in kwargs.items() if k in known or k in t.extra_args}
+    try:
+        return args_cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError("training.extraArgs", f"TrainingArguments rejected the settings: {e}") from None
+
+
+def load_tokenizer(config: Config) -> Any:
+    from transformers import AutoTokenizer
+
+    m = config.model
+    tok = AutoTokenizer.from_pretrained(
+        m.source, revision=m.revision, trust_remote_code=m.trust_remote_code, token=os.environ.get("HF_TOKEN") or None
+    )
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise ConfigError("model", f"tokenizer of {m.source!r} has neither a pad nor an eos token")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(config: Config, backend: accel.Backend, tokenizer: Any, labels: list[str] | None) -> Any:
+    import transformers
+
+    m = config.model
+    common: dict[str, Any] = {"trust_remote_code": m.trust_remote_code}
+    hub: dict[str, Any] = {"revision": m.revision, "token": os.environ.get("HF_TOKEN") or None}
+    model_config = transformers.AutoConfig.from_pretrained(m.source, **common, **hub)
+    if labels is not None:
+        model_config.num_labels = len(labels)
+        model_config.id2label = dict(enumerate(labels))
+        model_config.label2id = {name: i for i, name in enumerate(labels)}
+    model_config.pad_token_id = tokenizer.pad_token_id
+    attn = {"attn_implementation": backend.attn_implementation} if backend.attn_implementation else {}
+    auto = _auto_classes(config.task)
+    transformers.set_seed(config.training.seed)  # identical random init on every rank
+    if m.init_from_config:
+        model = auto.from_config(model_config, **common, **attn)
+    else:
+        model = auto.from_pretrained(m.source, config=model_config, **common, **hub, **attn)
+    if config.training.lora is not None:
+        model = apply_lora(config, model)
+    return model
+
+
+def apply_lora(config: Config, model: Any) -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("training.lora", "LoRA needs the 'peft' package, which this image lacks") from None
+    lora = config.training.lora
+    assert lora is not None
+    task_type = {"sequence-classification": peft.TaskType.SEQ_CLS, "causal-lm": peft.TaskType.CAUSAL_LM}[config.task]
+    peft_config = peft.LoraConfig(
+        task_type=task_type,
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules) or None,
+    )
+    try:
+        return peft.get_peft_model(model, peft_config)
+    except ValueError as e:
+        raise ConfigError("training.lora.targetModules", str(e)) from None
+
+
+def make_collator(config: Config, tokenizer: Any, *, static_shapes: bool) -> Any:
+    """Dynamic padding (to the longest row of the batch), or to ``maxSeqLength`` when ``static_shapes`` (for
+    ``torch.compile``: one graph instead of a recompilation per sequence length)."""
+    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
+
+    if config.task == "causal-lm":
+        multiple = config.training.max_seq_length if static_shapes else None
+        return DataCollatorForLanguageModeling(tokenizer, mlm=False, pad_to_multiple_of=multiple)
+    if static_shapes:
+        return DataCollatorWithPadding(tokenizer, padding="max_length", max_length=config.training.max_seq_length)
+    return DataCollatorWithPadding(tokenizer)
+
+
+def params_checksum(model: Any) -> str:
+    """A short digest of the trained weights: equal on every rank when DDP kept them in sync."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -> int:
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda))
+    backend = accel.make_backend(kind)
+    precision = resolve_precision(
+        config.training.precision, cuda=cuda, bf16_supported=cuda and torch.cuda.is_bf16_supported()
+    )
+    log.info(
+        "rank %d/%d (node %d): task=%s acceleration=%s->%s precision=%s",
+        ident.rank,
+        ident.world_size,
+        ident.node_rank,
+        config.task,
+        config.acceleration,
+        kind,
+        precision,
+    )
+    args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
+    _ = args.device  # forms the process group (torchrun env) now, so the rendezvous time is measurable
+    rendezvous_s = time.time() - launch_time
+    control_group = None
+    if dist.is_initialized() and dist.get_backend() != "gloo":
+        control_group = dist.new_group(backend="gloo")  # SIGTERM agreement without GPU syncs
+
+    metrics = TrainerMetrics(namespace=config.job.namespace, job=config.job.name, node_rank=ident.node_rank)
+    metrics.rendezvous_duration.set(rendezvous_s)
+    metrics.attempt.set(ident.attempt)
+    if ident.local_rank == 0:
+        metrics.serve(config.metrics_port)
+
+    # Start from a clean slate: partial checkpoints (no marker) are dropped by rank 0 before anyone looks.
+    if ident.rank == 0:
+        for c in checkpoints.remove_incomplete(config.checkpoints_dir):
+            log.warning("removed partial checkpoint %s (no %s marker)", c.path, checkpoints.MARKER)
+    if dist.is_initialized():
+        dist.barrier(group=control_group)
+    resume = checkpoints.latest_complete(config.checkpoints_dir)
+    if resume is not None:
+        metrics.checkpoint_last_step.set(resume.step)
+        log.info("resuming from %s", resume.path)
+
+    tokenizer = load_tokenizer(config)
+    with args.main_process_first(desc="load and tokenize the dataset"):
+        train_raw = data.load_split(config, config.dataset.split)
+        data.check_columns(config, list(train_raw.column_names))
+        label_ids, labels = (None, None)
+        if config.task == "sequence-classification":
+            label_ids, labels = data.label_mapping(train_raw.unique(config.dataset.label_field))
+        train_ds = data.tokenize(config, train_raw, tokenizer, label_ids)
+        eval_ds = None
+        if config.dataset.eval_split and config.training.eval_strategy != "no":
+            eval_raw = data.load_split(config, config.dataset.eval_split)
+            data.check_columns(config, list(eval_raw.column_names))
+            eval_ds = data.tokenize(config, eval_raw, tokenizer, label_ids)
+    if len(train_ds) == 0:
+        raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
+
+    model = load_model(config, backend, tokenizer, labels)
+    params = sum(p.numel() for p in model.parameters())
+    device_name = torch.cuda.get_device_name(0) if cuda else None
+    counter = BatchCounter(make_collator(config, tokenizer, static_shapes=kind == "compile"))
+    metrics_cb = MetricsCallback(
+        metrics,
+        counter,
+        nproc_per_node=ident.nproc_per_node,
+        launch_time=launch_time,
+        params=params,
+        peak_flops_per_device=peak_flops(device_name, precision),
+    )
+    ckpt_cb = CheckpointCallback(
+        stop,
+        root=config.checkpoints_dir,
+        keep=config.training.keep_checkpoints,
+        metrics=metrics,
+        control_group=control_group,
+    )
+    trainer_cls, _ = backend.classes()
+    trainer = trainer_cls(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=counter,
+        callbacks=[metrics_cb, ckpt_cb],
+        **compat.tokenizer_kwarg(trainer_cls, tokenizer),
+    )
+    started = time.perf_counter()
+    output = trainer.train(resume_from_checkpoint=resume.path if resume else None)
+    runtime = time.perf_counter() - started
+    state = trainer.state
+    losses = [(h["step"], h["loss"]) for h in state.log_history if "loss" in h]
+
+    checksum = params_checksum(trainer.model)
+    final_loss = losses[-1][1] if losses else output.training_loss
+    _write_json(
+        os.path.join(config.output_path, "ranks", f"rank-{ident.rank}.json"),
+        {
+            "rank": ident.rank,
+            "step": state.global_step,
+            "final_loss": final_loss,
+            "params_sha256": checksum,
+            "stopped_by_signal": stop.agreed,
+            "attempt": ident.attempt,
+        },
+    )
+    if stop.agreed:
+        log.warning("stopped on SIGTERM at step %d after saving a checkpoint", state.global_step)
+        return EXIT_TERMINATED
+
+    trainer.save_model(config.model_dir)  # rank 0 writes; tokenizer files go with it
+    if ident.rank == 0:
+        resumed_from = resume.step if resume else 0
+        steps_run = state.global_step - resumed_from
+        samples = metrics_cb.total_samples * ident.nnodes
+        tokens = metrics_cb.total_tokens * ident.nnodes
+        _write_json(
+            config.result_path,
+            {
+                "steps": state.global_step,
+                "steps_this_attempt": steps_run,
+                "epochs": state.epoch,
+                "final_loss": final_loss,
+                "train_loss_mean": output.training_loss,
+                "loss_history": losses,
+                "samples_per_second": samples / runtime if runtime > 0 else None,
+                "tokens_per_second": tokens / runtime if runtime > 0 else None,
+                "runtime_seconds": runtime,
+                "resumed_from_step": resumed_from,
+                "acceleration": kind,
+                "precision": precision,
+                "world_size": ident.world_size,
+                "attempt": ident.attempt,
+                "params": params,
+                "params_sha256": checksum,
+            },
+        )
+    if dist.is_initialized():
+        dist.barrier(group=control_group)
+    log.info("done: %d steps, final loss %.4f", state.global_step, final_loss if final_loss is not None else math.nan)
+    return 0
+
+
+@record
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s rank" + os.environ.get("RANK", "?") + " %(levelname)s %(name)s: %(message)s",
+    )
+    launch_time = float(os.environ.get("FINETUNE_LAUNCH_TIME") or time.time())
+    stop = StopFlag()
+    stop.install()
+    ident = Identity.from_env()
+    code = 1
+    try:
+        # A ConfigError propagates as is: @record writes "ConfigError: <field>: <message>" to the error file and
+        # the launcher turns that prefix into exit 78 instead of a crash.
+        config = load_config()
+        code = train(config, ident, stop, launch_time)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
