@@ -1,0 +1,102 @@
+{{/* Chart name, truncated to 63 characters. */}}
+{{- define "finetune-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-<chart> (or the release name when it contains the chart name), truncated to 63. */}}
+{{- define "finetune-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A suffixed name, the prefix shortened so the whole fits 63 characters. */}}
+{{- define "finetune-operator.suffixed" -}}
+{{- $prefix := include "finetune-operator.fullname" .root }}
+{{- printf "%s-%s" ($prefix | trunc (int (sub 62 (len .suffix))) | trimSuffix "-") .suffix }}
+{{- end }}
+
+{{- define "finetune-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: stable across upgrades, never helm.sh/chart. */}}
+{{- define "finetune-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "finetune-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "finetune-operator.labels" -}}
+helm.sh/chart: {{ include "finetune-operator.chart" . }}
+{{ include "finetune-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: finetune-operator
+{{- end }}
+
+{{- define "finetune-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "finetune-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "finetune-operator.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "finetune-operator.trainerImage" -}}
+{{- printf "%s:%s" .Values.trainer.image.repository (default .Chart.AppVersion .Values.trainer.image.tag) }}
+{{- end }}
+
+{{/* Validated watched namespaces: required, and only meaningful, for rbac.scope=namespaced. */}}
+{{- define "finetune-operator.watchNamespaces" -}}
+{{- if eq .Values.rbac.scope "namespaced" }}
+{{- if not .Values.rbac.watchNamespaces }}
+{{- fail "rbac.scope=namespaced needs rbac.watchNamespaces (the namespaces whose FineTuneJobs the operator runs)" }}
+{{- end }}
+{{- join "," (uniq .Values.rbac.watchNamespaces) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's permissions, shared by the ClusterRole (rbac.scope=cluster) and each namespaced Role.
+Exactly the calls the operator makes (operator/finetune_operator/k8s.py) plus what kopf needs; the chart tests
+prove both that it suffices (the operator runs as this ServiceAccount) and that it is no more (a permission matrix).
+*/}}
+{{- define "finetune-operator.rules" -}}
+# FineTuneJobs: watched by kopf and the backstop resync; deleted when ttlSecondsAfterFinished expires.
+- apiGroups: [finetune.dev]
+  resources: [finetunejobs]
+  verbs: [get, list, watch, delete]
+# Status is written with PUT (update), only when it changed.
+- apiGroups: [finetune.dev]
+  resources: [finetunejobs/status]
+  verbs: [update]
+# Trainer pods: found by label, created per rank, deleted on gang restart and on final failure.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+# The headless rendezvous Service and the resolved-config ConfigMap: created once, cleaned up by owner references.
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [create]
+# Events on FineTuneJobs (the operator's and kopf's).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}

@@ -1,0 +1,64 @@
+"""The metric names the chart's alerts and dashboard may use: one list, read by the chart tests.
+
+Kept in step with the code that exports them (operator/finetune_operator/metrics.py and the trainer's metrics
+callback); a test outside the chart tier compares these lists with the real registries.
+"""
+
+from __future__ import annotations
+
+# The operator (operator/finetune_operator/metrics.py), label in parentheses where it has one.
+OPERATOR_COUNTERS = {
+    "finetune_operator_reconcile_errors_total",
+    "finetune_operator_pods_created_total",
+    "finetune_operator_pods_deleted_total",
+    "finetune_operator_gang_restarts_total",  # reason
+    "finetune_operator_status_writes_total",
+}
+OPERATOR_GAUGES = {"finetune_operator_jobs"}  # state
+OPERATOR_HISTOGRAMS = {"finetune_operator_reconcile_duration_seconds"}
+
+# The trainer pods (port 9400); every series labelled finetune_namespace, finetune_job, node_rank.
+TRAINER_COUNTERS = {
+    "finetune_train_samples_total",
+    "finetune_train_tokens_total",
+    "finetune_train_steps_total",
+}
+TRAINER_HISTOGRAMS = {
+    "finetune_train_step_duration_seconds",
+    "finetune_checkpoint_save_duration_seconds",
+}
+TRAINER_GAUGES = {
+    "finetune_train_loss",
+    "finetune_train_learning_rate",
+    "finetune_train_epoch",
+    "finetune_train_step",
+    "finetune_train_total_steps",
+    "finetune_train_eta_seconds",
+    "finetune_train_samples_per_second",
+    "finetune_train_tokens_per_second",
+    "finetune_train_mfu",
+    "finetune_checkpoint_last_step",
+    "finetune_time_to_first_step_seconds",
+    "finetune_rendezvous_duration_seconds",
+    "finetune_attempt",
+}
+TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}
+OPERATOR_LABELS = {"state", "reason"}
+
+# Series from other exporters the bundle joins with (documented as optional dependencies).
+EXTERNAL = {
+    "DCGM_FI_DEV_GPU_UTIL",  # NVIDIA dcgm-exporter, with pod attribution (labels namespace, pod)
+    "kube_pod_status_phase",  # kube-state-metrics
+    "kube_pod_owner",  # kube-state-metrics
+}
+
+HISTOGRAMS = OPERATOR_HISTOGRAMS | TRAINER_HISTOGRAMS
+OURS = OPERATOR_COUNTERS | OPERATOR_GAUGES | TRAINER_COUNTERS | TRAINER_GAUGES | HISTOGRAMS
+
+
+def series_names() -> set[str]:
+    """Every series name a query may select: histograms expand to _bucket, _sum and _count."""
+    names = set(OPERATOR_COUNTERS | OPERATOR_GAUGES | TRAINER_COUNTERS | TRAINER_GAUGES | EXTERNAL)
+    for h in HISTOGRAMS:
+        names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
+    return names

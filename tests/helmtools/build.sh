@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Build the chart test tools from the Go module proxy (no release downloads):
+#   helm            helm.sh/helm/v4/cmd/helm
+#   promtool        github.com/prometheus/prometheus/cmd/promtool
+#   controller-gen  sigs.k8s.io/controller-tools/cmd/controller-gen
+# and generate the Prometheus Operator CRDs (ServiceMonitor, PodMonitor, PrometheusRule, ...) with
+# controller-gen from the github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring module.
+# Output: $FINETUNE_CACHE/tools-<versions>/{bin,crds}. Idempotent: a finished build (marked by .complete)
+# is reused; nothing is written into the repository. Each tool is built in its own throwaway module so
+# Go's minimal version selection never mixes their Kubernetes library versions.
+set -euo pipefail
+
+HELM_VERSION="${HELM_VERSION:-v4.3.1}"
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+CONTROLLER_TOOLS_VERSION="${CONTROLLER_TOOLS_VERSION:-v0.23.0}"
+PROM_OPERATOR_VERSION="${PROM_OPERATOR_VERSION:-v0.95.2}"
+
+cache="${FINETUNE_CACHE:-$HOME/.cache/finetune-operator}"
+out="$cache/tools-helm-$HELM_VERSION-prom-$PROMETHEUS_VERSION-cg-$CONTROLLER_TOOLS_VERSION-po-$PROM_OPERATOR_VERSION"
+bin="$out/bin"
+
+if [[ "${1:-}" == "--path" ]]; then echo "$out"; exit 0; fi
+if [[ -f "$out/.complete" ]]; then
+  echo "chart tools: $out (cached)"
+  exit 0
+fi
+command -v go >/dev/null || { echo "helmtools/build.sh: the go toolchain is required" >&2; exit 1; }
+mkdir -p "$cache"
+# One build at a time (parallel test sessions): wait for the lock, then re-check the marker.
+exec 9>"$out.lock"
+flock 9
+if [[ -f "$out/.complete" ]]; then echo "chart tools: $out (built by another process)"; exit 0; fi
+export GOFLAGS=-mod=mod CGO_ENABLED=0
+mkdir -p "$bin"
+start=$(date +%s)
+
+# build <name> <module> <version> <package> [ldflags]
+build() {
+  local name="$1" module="$2" version="$3" pkg="$4" ldflags="${5:-}"
+  local src="$out/src/$name"
+  rm -rf "$src"
+  mkdir -p "$src"
+  (
+    cd "$src"
+    printf 'module finetune.dev/helmtools/%s\n\ngo 1.26.0\n' "$name" > go.mod
+    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
+    go get "$module@$version" 2>&1 | grep -v '^go: downloading' || true
+    echo "building $name $version"
+    go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/$name" "$pkg"
+  )
+}
+
+build helm helm.sh/helm/v4 "$HELM_VERSION" helm.sh/helm/v4/cmd/helm \
+  "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+build promtool github.com/prometheus/prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool \
+  "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
+build controller-gen sigs.k8s.io/controller-tools "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen
+
+# The Prometheus Operator CRDs, generated from the Go types of the monitoring API module.
+gen="$out/src/monitoring"
+rm -rf "$gen" "$out/crds"
+mkdir -p "$gen" "$out/crds"
+(
+  cd "$gen"
+  mon=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring
+  printf 'module finetune.dev/helmtools/monitoring\n\ngo 1.26.0\n' > go.mod
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s/v1"\n' "$mon" > tools.go
+  go get "$mon@$PROM_OPERATOR_VERSION" 2>&1 | grep -v '^go: downloading' || true
+  echo "generating Prometheus Operator CRDs from $mon@$PROM_OPERATOR_VERSION"
+  "$bin/controller-gen" crd:crdVersions=v1 "paths=$mon/v1" "output:crd:dir=$out/crds"
+)
+ls "$out/crds"
+for kind in servicemonitors podmonitors prometheusrules; do
+  [[ -f "$out/crds/monitoring.coreos.com_$kind.yaml" ]] || { echo "missing CRD $kind" >&2; exit 1; }
+done
+"$bin/helm" version
+"$bin/promtool" --version | head -1
+echo "built in $(( $(date +%s) - start ))s"
+echo "$HELM_VERSION $PROMETHEUS_VERSION $CONTROLLER_TOOLS_VERSION $PROM_OPERATOR_VERSION" > "$out/.complete"
+echo "chart tools: $out"
