@@ -5,8 +5,8 @@ VENV = $(shell bash .ci/venv.sh --path)
 PY = $(VENV)/bin/python
 CLUSTER = python3 -m tests.localcluster
 
-.PHONY: help setup binaries cluster-up cluster-down cluster-status run test test-unit test-integration \
-        test-trainer test-e2e lint bench generate verify
+.PHONY: help setup binaries tools cluster-up cluster-down cluster-status run test test-unit test-integration \
+        test-trainer test-chart lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -14,7 +14,10 @@ help: ## show this help
 binaries: ## build (or reuse) the real Kubernetes control-plane binaries from the Go module proxy
 	@bash tests/localcluster/build.sh
 
-setup: binaries ## install everything: the venv (cached outside the repo) and the control-plane binaries
+tools: ## build (or reuse) helm, promtool and controller-gen (+ Prometheus Operator CRDs) from the Go module proxy
+	@bash tests/helmtools/build.sh
+
+setup: binaries tools ## install everything: the venv (cached outside the repo), Kubernetes binaries and chart tools
 	@bash .ci/venv.sh
 
 cluster-up: binaries ## start the local control plane (etcd, kube-apiserver, kube-controller-manager); prints KUBECONFIG
@@ -26,10 +29,13 @@ cluster-down: ## stop the local control plane; leaves no process or port behind
 cluster-status: ## report whether every control-plane component is alive (with the log of one that died)
 	@$(CLUSTER) status
 
-run: setup ## the main job: control plane, CRD, operator, node agent and the example FineTuneJob until it succeeds
-	@$(PY) -m finetune_operator.demo
+run: setup ## the main job: fine-tune the tiny example FineTuneJob on 2 local nodes (finetune run-local)
+	@$(VENV)/bin/finetune run-local examples/tiny-job.yaml
 
-test: setup ## run every test tier (unit, integration, trainer, e2e) against the real control plane
+operator: setup ## run the operator against the local control plane (make cluster-up first)
+	@$(VENV)/bin/finetune operator --standalone --kubeconfig $${FINETUNE_CLUSTER_DIR:-/tmp/finetune-cluster-$$(id -u)}/admin.kubeconfig
+
+test: setup ## run every test tier (unit, integration, chart, trainer) against the real control plane
 	@$(PY) -m pytest
 
 test-unit: setup ## unit tests only (pure code, seconds)
@@ -41,11 +47,17 @@ test-integration: setup ## integration tests against the real kube-apiserver
 test-trainer: setup ## trainer tests: real torchrun/DDP training on CPU
 	@$(PY) -m pytest -m trainer
 
-test-e2e: setup ## end-to-end: operator + node agent + trainer on the real control plane
-	@$(PY) -m pytest -m e2e
+lint: setup ## ruff and mypy --strict on the operator (the unit tier runs them too)
+	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit tests/localcluster && $(VENV)/bin/mypy
 
-lint: setup ## ruff (lint + format check), mypy --strict on the operator, hadolint on the Dockerfiles
-	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+generate: ## regenerate docs/reference.md (from the CRD) and the Grafana dashboard
+	@$(PY) -m tests.helmtools.crd_reference && $(PY) -m tests.helmtools.dashboard
+
+verify: ## fail when generated files drift from their sources
+	@$(PY) -m tests.helmtools.crd_reference --check && $(PY) -m tests.helmtools.dashboard --check
+
+test-chart: setup ## Helm chart tests: lint, snapshots, server-side dry-run, install as the chart's ServiceAccount
+	@$(PY) -m pytest tests/chart
 
 bench: setup ## run the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done

@@ -75,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     rl = sub.add_parser("run-local", help="run a FineTuneJob manifest on this machine")
     rl.add_argument("manifest")
     rl.add_argument("--workdir", help="where the output claim and logs go (default: ./output/<job>)")
+    rl.add_argument("--mount", action="append", default=[], metavar="MOUNTPATH=DIR",
+                    help="map a volume mount path of the manifest to a local directory (repeat)")
     args = ap.parse_args(argv)
     if args.command == "operator":
         return run_operator(args)  # kopf configures logging (plain or JSON)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from finetune_operator.runlocal import run_local
 
-    return int(run_local(args.manifest, workdir=args.workdir))
+    return int(run_local(args.manifest, workdir=args.workdir, mounts=args.mount))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def build_registry(controller: Controller, *, peering_priority: int = 0) -> kopf
         configure_kopf(settings, peering_priority=peering_priority)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def job_event(type: str, body: kopf.Body, **_: Any) -> None:  # noqa: A002 - kopf's kwarg name
+    def job_event(type: str, body: kopf.Body, **_: Any) -> None:
         ns, name = str(body.metadata.namespace), str(body.metadata.name)
         if type == "DELETED":
             controller.forget((ns, name))

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from finetune_operator.builders import JobRef, build_pod, env_contract, trainer_config
 from finetune_operator.failures import classify_pod, waiting_problem
 from finetune_operator.reconcile import decide, ts

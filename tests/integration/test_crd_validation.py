@@ -1,0 +1,71 @@
+"""The API server itself rejects bad FineTuneJobs, with a message that names the field (schema + CEL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.integration.harness import GROUP, PLURAL, VERSION, make_job
+
+pytestmark = pytest.mark.integration
+
+
+def _without(path: str) -> dict[str, Any]:
+    job = make_job("x").build()
+    node = job["spec"]
+    *parents, last = path.split(".")
+    for p in parents:
+        node = node[p]
+    del node[last]
+    return job
+
+
+CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("name-too-long", {**make_job("a" * 55).build()}, "metadata.name"),
+    ("name-uppercase", {**make_job("Bad").build()}, "metadata.name"),
+    ("name-starts-with-digit", {**make_job("1job").build()}, "metadata.name"),
+    ("no-model", _without("model"), "spec.model"),
+    ("no-output", _without("output"), "spec.output"),
+    ("model-both", make_job("x").set("model", {"name": "bert", "path": "/m"}).build(), "spec.model"),
+    ("dataset-neither", make_job("x").set("dataset", {"textField": "t"}).build(), "spec.dataset"),
+    ("epochs-and-steps", make_job("x").set("training", {"epochs": 1, "maxSteps": 5}).build(), "spec.training"),
+    ("task-unknown", make_job("x").set("task", "image-generation").build(), "spec.task"),
+    ("acceleration-unknown", make_job("x").set("acceleration", "tensorrt").build(), "spec.acceleration"),
+    ("precision-unknown", make_job("x").set("training.precision", "int4").build(), "spec.training.precision"),
+    ("nodes-zero", make_job("x").nodes(0).build(), "spec.nodes"),
+    ("nodes-too-many", make_job("x").nodes(513).build(), "spec.nodes"),
+    ("negative-lr", make_job("x").set("training.learningRate", -1).build(), "spec.training.learningRate"),
+    ("batch-zero", make_job("x").set("training.perDeviceBatchSize", 0).build(), "spec.training.perDeviceBatchSize"),
+    ("reserved-env", make_job("x").set("env", [{"name": "MASTER_ADDR", "value": "evil"}]).build(), "spec.env[0]"),
+    ("reserved-env-prefix", make_job("x").set("env", [{"name": "PET_NNODES", "value": "9"}]).build(), "spec.env[0]"),
+    ("procs-vs-gpus", make_job("x").set("procsPerNode", 2).set("resources", {"limits": {"nvidia.com/gpu": 4}}).build(),
+     "spec.procsPerNode"),
+    ("relative-model-path", make_job("x").set("model", {"path": "models/tiny"}).build(), "spec.model.path"),
+    ("hostpath-volume", make_job("x").set("podTemplate", {"volumes": [
+        {"name": "h", "mountPath": "/h", "hostPath": {"path": "/"}}]}).build(), "spec.podTemplate.volumes[0]"),
+    ("eval-steps-without-every", make_job("x").set("training.evaluation", {"strategy": "steps"}).build(),
+     "spec.training.evaluation"),
+    ("unknown-field", make_job("x").set("gpus", 8).build(), "spec.gpus"),
+]
+
+
+@pytest.mark.parametrize(("manifest", "field"), [(m, f) for _, m, f in CASES], ids=[c[0] for c in CASES])
+def test_api_server_rejects_with_the_field_named(api_client, namespace, manifest, field) -> None:  # type: ignore[no-untyped-def]
+    co = client.CustomObjectsApi(api_client)
+    with pytest.raises(ApiException) as e:
+        co.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
+                                           field_validation="Strict")
+    assert e.value.status in (400, 422), e.value.body
+    assert field in e.value.body, e.value.body
+
+
+def test_immutable_fields_cannot_change(api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    co = client.CustomObjectsApi(api_client)
+    co.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, make_job("imm").nodes(2).build())
+    with pytest.raises(ApiException) as e:
+        co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "imm", {"spec": {"nodes": 4}})
+    assert "spec.nodes is immutable" in e.value.body
+    co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "imm", {"spec": {"suspend": True}})
