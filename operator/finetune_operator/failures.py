@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from finetune_operator.settings import EXIT_CONFIG_ERROR, EXIT_RENDEZVOUS_TIMEOUT
+from finetune_operator.settings import EXIT_CONFIG_ERROR, EXIT_RENDEZVOUS_TIMEOUT, EXIT_TERMINATED
 
 CONTAINER = "trainer"
 FATAL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
@@ -101,6 +101,11 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
     if code == EXIT_RENDEZVOUS_TIMEOUT:
         return Failure("RendezvousTimeout", detail or "the rank could not reach rank 0 (exit 75)",
                        permanent=True, exit_code=code, finished_at=finished)
+    if code == EXIT_TERMINATED:
+        # The trainer got SIGTERM from outside the operator, saved a checkpoint and stopped: restart the gang
+        # without counting it (bounded by the operator's disruption limit).
+        return Failure("Terminated", detail or "the trainer was terminated (SIGTERM) and saved a checkpoint",
+                       disruption=True, exit_code=code, finished_at=finished)
     if code is not None:
         return Failure("TrainingError", f"exit code {code}" + (f": {detail}" if detail else ""),
                        exit_code=code, finished_at=finished)

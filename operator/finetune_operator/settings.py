@@ -26,6 +26,7 @@ CONFIG_VERSION = "1.0"
 # Trainer exit codes (trainer-image/README.md): the operator classifies failures on them.
 EXIT_CONFIG_ERROR = 78
 EXIT_RENDEZVOUS_TIMEOUT = 75
+EXIT_TERMINATED = 143  # SIGTERM: checkpoint saved, restartable
 
 
 def _int(name: str, default: int) -> int:

@@ -147,11 +147,12 @@ def pod(phase: str, *, code: int | None = None, reason: str | None = None, messa
      False, True),
     (pod("Failed", code=75), "RendezvousTimeout", False, True),
     (pod("Failed", code=1), "TrainingError", False, False),
+    (pod("Failed", code=143), "Terminated", True, False),
     (pod("Failed", pod_reason="Evicted"), "Evicted", True, False),
     (pod("Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
      "Preempted", True, False),
     (pod("Running", deleting=True), "PodDeleted", True, False),
-], ids=["oom", "config", "rendezvous", "crash", "evicted", "preempted", "deleted"])
+], ids=["oom", "config", "rendezvous", "crash", "sigterm", "evicted", "preempted", "deleted"])
 def test_classify(p, reason, disruption, permanent) -> None:  # type: ignore[no-untyped-def]
     f = classify_pod(p)
     assert f is not None and (f.reason, f.disruption, f.permanent) == (reason, disruption, permanent)

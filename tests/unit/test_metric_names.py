@@ -1,0 +1,44 @@
+"""The metric names the chart's alerts and dashboard use (tests/chart/metric_names.py) are exactly the
+ones the operator and the trainer really register, with the labels they really carry."""
+
+from __future__ import annotations
+
+import pytest
+from finetune_operator.metrics import OperatorMetrics
+from prometheus_client import CollectorRegistry
+
+from tests.chart import metric_names as names
+
+pytestmark = pytest.mark.unit
+
+
+def _families(registry: CollectorRegistry) -> dict[str, tuple[str, set[str]]]:
+    out = {}
+    for fam in registry.collect():
+        labels = {k for s in fam.samples for k in s.labels if k not in ("le",)}
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        out[name] = (fam.type, labels)
+    return out
+
+
+def test_operator_metrics_match_the_chart_list() -> None:
+    m = OperatorMetrics()
+    m.restarts.labels(reason="OOMKilled").inc()
+    m.jobs.labels(state="Running").set(1)
+    fams = _families(m.registry)
+    assert {n for n, (t, _) in fams.items() if t == "counter"} == names.OPERATOR_COUNTERS
+    assert {n for n, (t, _) in fams.items() if t == "gauge"} == names.OPERATOR_GAUGES
+    assert {n for n, (t, _) in fams.items() if t == "histogram"} == names.OPERATOR_HISTOGRAMS
+    assert set().union(*(labels for _, labels in fams.values())) == names.OPERATOR_LABELS
+
+
+def test_trainer_metrics_match_the_chart_list() -> None:
+    from finetune_trainer.metrics import TrainerMetrics  # the trainer package is part of the test venv
+
+    m = TrainerMetrics(namespace="ns", job="j", node_rank=0)
+    fams = _families(m.registry)
+    assert {n for n, (t, _) in fams.items() if t == "counter"} == names.TRAINER_COUNTERS
+    assert {n for n, (t, _) in fams.items() if t == "gauge"} == names.TRAINER_GAUGES
+    assert {n for n, (t, _) in fams.items() if t == "histogram"} == names.TRAINER_HISTOGRAMS
+    for _, labels in fams.values():
+        assert labels == names.TRAINER_LABELS
