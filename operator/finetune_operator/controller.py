@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from finetune_operator.k8s import Conflict, Kube
 from finetune_operator.metrics import OperatorMetrics
-from finetune_operator.reconcile import TERMINAL, Plan, decide
-from finetune_operator.settings import Settings
+from finetune_operator.progress import parse_metrics
+from finetune_operator.reconcile import RUNNING, TERMINAL, Plan, decide
+from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, METRICS_PORT, Settings
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -25,6 +27,11 @@ Key = tuple[str, str]
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def fetch_metrics(url: str, timeout: float = 2.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return str(r.read().decode("utf-8", errors="replace"))
 
 
 class Controller:
@@ -38,6 +45,8 @@ class Controller:
         self._locks: dict[Key, threading.Lock] = {}
         self._due: dict[Key, float] = {}
         self._states: dict[Key, str] = {}
+        self._scraped: dict[Key, float] = {}
+        self.fetch = fetch_metrics
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._guard:
@@ -53,6 +62,7 @@ class Controller:
             self._locks.pop(key, None)
             self._due.pop(key, None)
             self._states.pop(key, None)
+            self._scraped.pop(key, None)
         self._export_states()
 
     def _export_states(self) -> None:
@@ -87,7 +97,7 @@ class Controller:
             self.forget(key)
             return None
         pods = self.kube.list_pods(namespace, name)
-        plan = decide(job, pods, now=self.clock(), settings=self.settings)
+        plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods))
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
                   plan.status.get("state"), len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
 
@@ -118,6 +128,29 @@ class Controller:
         if plan.requeue_after is not None:
             self.requeue(key, plan.requeue_after)
         return plan
+
+    def _scrape(self, key: Key, job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Rank 0's metrics for a running job, at most once per progress interval; a failed scrape is
+        only logged (it never fails the job)."""
+        status = job.get("status") or {}
+        if status.get("state") != RUNNING or not self.settings.progress_interval_seconds:
+            return None
+        now = time.monotonic()
+        if now - self._scraped.get(key, -1e9) < self.settings.progress_interval_seconds:
+            return None
+        attempt = str(status.get("attempt", 0))
+        rank0 = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_RANK) == "0"
+                 and p["metadata"]["labels"].get(LABEL_ATTEMPT) == attempt and (p.get("status") or {}).get("podIP")]
+        if not rank0:
+            return None
+        self._scraped[key] = now
+        self.requeue(key, self.settings.progress_interval_seconds)
+        url = f"http://{rank0[0]['status']['podIP']}:{METRICS_PORT}/metrics"
+        try:
+            return parse_metrics(self.fetch(url), nodes=int((job.get("spec") or {}).get("nodes", 1)))
+        except Exception as e:  # a scrape failure never fails the job
+            log.debug("%s/%s: scraping %s failed: %s", key[0], key[1], url, e)
+            return None
 
     # -- the backstop ---------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from finetune_operator.builders import (
     pod_name,
 )
 from finetune_operator.failures import Failure, classify_pod, waiting_problem
+from finetune_operator.progress import attempt_gpu_seconds, steps_lost
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, Settings
 from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
 
@@ -151,7 +152,38 @@ def _set_state(st: dict[str, Any], state: str, *, now: datetime, gen: int, reaso
         set_condition(st, "Failed", True, reason, message, now=now, generation=gen)
 
 
-def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, settings: Settings) -> Plan:
+def _close_attempt(st: dict[str, Any], spec: JobSpec, *, now: datetime, restarted: bool) -> None:
+    """Account the attempt that ends now: GPU-seconds used and, for a restart, the work thrown away."""
+    started = parse_ts(st.get("attemptStartTime"))
+    if started is None:
+        return
+    seconds = (now - started).total_seconds()
+    st["gpuSecondsUsed"] = round(float(st.get("gpuSecondsUsed", 0)) + attempt_gpu_seconds(
+        seconds=seconds, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes), 3)
+    progress = st.get("progress")
+    if not restarted or not progress:
+        return
+    lost = steps_lost(progress)
+    progress["stepsLostToRestarts"] = int(progress.get("stepsLostToRestarts", 0)) + lost
+    global_batch = spec.training.per_device_batch_size * spec.world_size * spec.training.gradient_accumulation_steps
+    steps_per_second = float(progress.get("samplesPerSecond", 0)) / max(1, global_batch)
+    if lost and steps_per_second > 0:
+        st["gpuSecondsLost"] = round(float(st.get("gpuSecondsLost", 0)) + attempt_gpu_seconds(
+            seconds=lost / steps_per_second, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes), 3)
+
+
+def merge_progress(old: dict[str, Any] | None, scraped: dict[str, Any], *, now: datetime) -> dict[str, Any]:
+    """Scraped fields over the old ones; updateTime moves only when something else changed (no idle writes)."""
+    base = dict(old or {})
+    merged = {**base, **scraped}
+    if {k: v for k, v in merged.items() if k != "updateTime"} != {k: v for k, v in base.items() if k != "updateTime"}:
+        merged["updateTime"] = ts(now)
+    return merged
+
+
+def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, settings: Settings,
+           progress: dict[str, Any] | None = None) -> Plan:
+    """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped)."""
     meta = job["metadata"]
     ref = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     gen = int(meta.get("generation", 1))
@@ -201,6 +233,7 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
     # -- suspend: pods go, the next attempt starts when resumed --------------------------------------
     if spec.suspend:
         if prev_state != SUSPENDED and st.get("attemptStartTime"):
+            _close_attempt(st, spec, now=now, restarted=False)
             st["attempt"] = attempt + 1
             st["attemptStartTime"] = None
         plan.delete = _delete_all(pods, now=now, settings=settings)
@@ -213,6 +246,7 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
     if spec.active_deadline_seconds and started:
         remaining = spec.active_deadline_seconds - (now - started).total_seconds()
         if remaining <= 0:
+            _close_attempt(st, spec, now=now, restarted=False)
             return _fail(plan, st, pods, Failure("DeadlineExceeded",
                          f"the job was active longer than spec.activeDeadlineSeconds={spec.active_deadline_seconds}"),
                          transition=transition, now=now, settings=settings, keep=None)
@@ -268,6 +302,9 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
                                 settings=settings)
 
     if len(current) == spec.nodes and all(_phase(p) == "Succeeded" for p in current):
+        _close_attempt(st, spec, now=now, restarted=False)
+        if st.get("progress"):
+            st["progress"].update(etaSeconds=0, eta="0s")
         st["completionTime"] = ts(now)
         st["readyNodes"], st["nodes"] = 0, f"0/{spec.nodes}"
         transition(SUCCEEDED, "AllRanksSucceeded", f"all {spec.nodes} rank(s) exited 0 in attempt {attempt}")
@@ -275,6 +312,8 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
         return _clean(plan)
 
     if running == spec.nodes:
+        if progress:
+            st["progress"] = merge_progress(st.get("progress"), progress, now=now)
         transition(RUNNING, "AllRanksRunning", f"attempt {attempt}: {running}/{spec.nodes} trainer pods running")
         return _clean(plan)
 
@@ -287,6 +326,7 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
         if problem.fatal and waited >= settings.waiting_timeout_seconds:
             failure = Failure(problem.reason, f"rank {rank} waited {waited:.0f}s: {problem.message}").with_rank(
                 rank, attempt, pod_name(ref.name, rank))
+            _close_attempt(st, spec, now=now, restarted=False)
             return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
                          keep=pod_name(ref.name, rank))
         old_created = condition(old, "Created") or {}
@@ -301,6 +341,9 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
 
 def _restart_or_fail(plan: Plan, st: dict[str, Any], spec: JobSpec, current: list[dict[str, Any]],
                      failure: Failure, *, transition: Any, now: datetime, settings: Settings) -> Plan:
+    will_restart = not failure.permanent and (
+        st["disruptions"] < settings.max_disruptions if failure.disruption else st["restarts"] < spec.max_restarts)
+    _close_attempt(st, spec, now=now, restarted=will_restart)
     if failure.permanent:
         return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
                      keep=failure.pod_name)

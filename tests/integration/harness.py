@@ -143,8 +143,8 @@ class FakeKubelet:
         return {"name": "trainer", "ready": ready, "restartCount": 0, "image": "trainer:test",
                 "imageID": "", "state": state}
 
-    def run(self, name: str) -> None:
-        self._patch(name, {"phase": "Running", "podIP": "10.0.0.1", "startTime": now_ts(),
+    def run(self, name: str, ip: str = "10.0.0.1") -> None:
+        self._patch(name, {"phase": "Running", "podIP": ip, "startTime": now_ts(),
                            "conditions": [{"type": "Ready", "status": "True"}],
                            "containerStatuses": [self._container({"running": {"startedAt": now_ts()}},
                                                                  ready=True)]})

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from finetune_operator.spec import check_name, parse_spec
 
 pytestmark = pytest.mark.integration

@@ -222,3 +222,47 @@ def test_layering_builders_and_decisions_do_no_io() -> None:
     handlers = [p.name for p in (ROOT / "operator" / "finetune_operator").glob("*.py")
                 if "kopf.on." in p.read_text()]
     assert handlers == ["handlers.py"]
+
+
+# -- progress ---------------------------------------------------------------------------------------------
+
+def test_progress_from_the_trainers_real_metrics_page() -> None:
+    from finetune_trainer.metrics import TrainerMetrics  # the real exporter, not a hand-written page
+    from prometheus_client import generate_latest
+
+    from finetune_operator.progress import parse_metrics
+
+    m = TrainerMetrics(namespace="ns", job="ft", node_rank=0)
+    m.step.set(120)
+    m.total_steps.set(300)
+    m.epoch.set(0.4)
+    m.loss.set(0.6931)
+    m.samples_per_second.set(50.0)
+    m.tokens_per_second.set(6400.0)
+    m.eta.set(3725)
+    m.checkpoint_last_step.set(100)
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)
+    assert p == {"step": 120, "totalSteps": 300, "stepOfTotal": "120/300", "epoch": 0.4, "loss": 0.6931,
+                 "samplesPerSecond": 100.0, "tokensPerSecond": 12800.0, "etaSeconds": 3725, "eta": "1h2m",
+                 "lastCheckpointStep": 100}  # mfu is NaN on CPU: left out
+
+
+def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
+    st = dict(STARTED, progress={"step": 130, "lastCheckpointStep": 100, "samplesPerSecond": 64.0})
+    spec = {"nodes": 2, "resources": {"limits": {"nvidia.com/gpu": 4}},
+            "training": {"maxSteps": 500, "perDeviceBatchSize": 8}}
+    plan = decide(job(st, **spec), [running(0), running(1, phase="Failed", code=1)], now=NOW, settings=Settings())
+    assert plan.status["progress"]["stepsLostToRestarts"] == 30
+    assert plan.status["gpuSecondsUsed"] == 60 * 4 * 2  # one minute on 2 nodes x 4 GPUs
+    # 64 samples/s over a global batch of 8 x 8 processes = 1 step/s: 30 lost steps = 30 s on 8 GPUs.
+    assert plan.status["gpuSecondsLost"] == 30 * 8
+
+
+def test_progress_is_merged_only_while_running_and_idle_scrapes_write_nothing() -> None:
+    st = dict(STARTED)
+    scraped = {"step": 5, "totalSteps": 10, "stepOfTotal": "5/10"}
+    first = decide(job(st, nodes=2), [running(0), running(1)], now=NOW, settings=Settings(), progress=scraped)
+    assert first.status["progress"]["updateTime"] == ts(NOW)
+    again = decide(job(first.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(seconds=15),
+                   settings=Settings(), progress=dict(scraped))
+    assert again.status == first.status

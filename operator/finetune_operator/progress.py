@@ -1,0 +1,69 @@
+"""Pure: rank 0's Prometheus text → the typed ``status.progress`` fields, and the restart accounting.
+
+Per-node rates are scaled by the number of nodes: every DDP rank processes the same number of samples
+per step, so the job's throughput is rank 0's node throughput times the number of nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+GAUGES = {
+    "finetune_train_step": "step",
+    "finetune_train_total_steps": "totalSteps",
+    "finetune_train_epoch": "epoch",
+    "finetune_train_loss": "loss",
+    "finetune_train_samples_per_second": "samplesPerSecond",
+    "finetune_train_tokens_per_second": "tokensPerSecond",
+    "finetune_train_eta_seconds": "etaSeconds",
+    "finetune_checkpoint_last_step": "lastCheckpointStep",
+    "finetune_train_mfu": "mfu",
+}
+INTEGER_FIELDS = {"step", "totalSteps", "etaSeconds", "lastCheckpointStep"}
+PER_NODE_RATES = {"samplesPerSecond", "tokensPerSecond"}
+
+
+def human_duration(seconds: float) -> str:
+    s = int(max(0, round(seconds)))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d{h}h"
+    if h:
+        return f"{h}h{m}m"
+    if m:
+        return f"{m}m{s}s"
+    return f"{s}s"
+
+
+def parse_metrics(text: str, *, nodes: int) -> dict[str, Any]:
+    """The progress fields found in a trainer's /metrics page (missing or NaN values are left out)."""
+    out: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        field = GAUGES.get(family.name)
+        if field is None or not family.samples:
+            continue
+        value = float(family.samples[0].value)
+        if math.isnan(value) or math.isinf(value):
+            continue
+        if field in PER_NODE_RATES:
+            value *= nodes
+        out[field] = int(value) if field in INTEGER_FIELDS else round(value, 4)
+    if "step" in out and "totalSteps" in out:
+        out["stepOfTotal"] = f"{out['step']}/{out['totalSteps']}"
+    if "etaSeconds" in out:
+        out["eta"] = human_duration(out["etaSeconds"])
+    return out
+
+
+def steps_lost(progress: dict[str, Any]) -> int:
+    """Steps that a restart now throws away: trained since the newest complete checkpoint."""
+    return max(0, int(progress.get("step", 0)) - int(progress.get("lastCheckpointStep", 0)))
+
+
+def attempt_gpu_seconds(*, seconds: float, gpus_per_node: int, nodes: int) -> float:
+    return round(max(0.0, seconds) * gpus_per_node * nodes, 3)
