@@ -227,10 +227,9 @@ def test_layering_builders_and_decisions_do_no_io() -> None:
 # -- progress ---------------------------------------------------------------------------------------------
 
 def test_progress_from_the_trainers_real_metrics_page() -> None:
+    from finetune_operator.progress import parse_metrics
     from finetune_trainer.metrics import TrainerMetrics  # the real exporter, not a hand-written page
     from prometheus_client import generate_latest
-
-    from finetune_operator.progress import parse_metrics
 
     m = TrainerMetrics(namespace="ns", job="ft", node_rank=0)
     m.step.set(120)
