@@ -6,6 +6,7 @@ trainer's config JSON, and Pods ``J-node-0 … J-node-(N-1)`` carrying the rende
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -158,8 +159,11 @@ def _kueue(spec: JobSpec, ref: JobRef, attempt: int) -> tuple[dict[str, str], di
     """Kueue plain-pod group: one group per attempt, so a gang restart is a fresh admission."""
     if not spec.queue_name:
         return {}, {}
+    group = f"{ref.name}-attempt-{attempt}"
+    if len(group) > 63:  # a label value: keep it unique and within 63 characters
+        group = f"{ref.name[:40]}-{hashlib.sha256(ref.name.encode()).hexdigest()[:8]}-a{attempt}"
     return ({"kueue.x-k8s.io/queue-name": spec.queue_name,
-             "kueue.x-k8s.io/pod-group-name": f"{ref.name}-attempt-{attempt}"},
+             "kueue.x-k8s.io/pod-group-name": group},
             {"kueue.x-k8s.io/pod-group-total-count": str(spec.nodes)})
 
 

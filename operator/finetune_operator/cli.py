@@ -11,7 +11,9 @@ import os
 import signal
 import sys
 import threading
+import time
 import zlib
+from typing import Any
 
 from finetune_operator.settings import Settings
 
@@ -21,6 +23,29 @@ def _peering_priority() -> int:
     if os.environ.get("FINETUNE_PEERING_PRIORITY"):
         return int(os.environ["FINETUNE_PEERING_PRIORITY"])
     return zlib.crc32(os.environ.get("POD_NAME", os.uname().nodename).encode()) % 10_000 + 1
+
+
+class PeeringGate:
+    """Reads kopf's peering object at most every few seconds; a failed read keeps the last answer."""
+
+    def __init__(self, kube: Any, namespace: str | None, priority: int, every: float = 5.0) -> None:
+        self.kube, self.namespace, self.priority, self.every = kube, namespace, priority, every
+        self._at, self._answer = float("-inf"), False
+
+    def __call__(self) -> bool:
+        from datetime import UTC, datetime
+
+        from finetune_operator.peering import peering_active
+
+        if time.monotonic() - self._at >= self.every:
+            self._at = time.monotonic()
+            try:
+                obj = self.kube.get_peering("finetune-operator", self.namespace) or {}
+                self._answer = peering_active(obj.get("status") or {}, own_priority=self.priority,
+                                              now=datetime.now(UTC))
+            except Exception:  # keep the last answer; kopf's own peering also rides out API hiccups
+                pass
+        return self._answer
 
 
 def run_operator(args: argparse.Namespace) -> int:
@@ -40,12 +65,15 @@ def run_operator(args: argparse.Namespace) -> int:
     kopf.configure(log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.PLAIN,
                    verbose=args.verbose)
     controller = Controller(Kube(load_api_client(args.kubeconfig)), settings)
+    _priority = _peering_priority()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=controller.metrics.registry)
+    if not args.standalone:
+        controller.active = PeeringGate(controller.kube, next(iter(settings.namespaces), None), _priority)
     stop = threading.Event()
     backstop = threading.Thread(target=controller.loop, args=(stop,), name="backstop", daemon=True)
     backstop.start()
-    priority = _peering_priority()
+    priority = _priority
     try:
         asyncio.run(kopf.operator(
             registry=build_registry(controller, peering_priority=priority),

@@ -23,6 +23,7 @@ from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, METRICS_PORT, 
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+MAX_METRICS_BYTES = 1 << 20  # a trainer's page is a few KiB; never read an unbounded body into the operator
 
 
 def _now() -> datetime:
@@ -31,7 +32,10 @@ def _now() -> datetime:
 
 def fetch_metrics(url: str, timeout: float = 2.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as r:
-        return str(r.read().decode("utf-8", errors="replace"))
+        body = r.read(MAX_METRICS_BYTES + 1)
+    if len(body) > MAX_METRICS_BYTES:
+        raise ValueError(f"{url}: metrics page larger than {MAX_METRICS_BYTES} bytes")
+    return str(body.decode("utf-8", errors="replace"))
 
 
 class Controller:
@@ -46,7 +50,10 @@ class Controller:
         self._due: dict[Key, float] = {}
         self._states: dict[Key, str] = {}
         self._scraped: dict[Key, float] = {}
+        self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
         self.fetch = fetch_metrics
+        # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
+        self.active: Callable[[], bool] = lambda: True
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._guard:
@@ -58,11 +65,11 @@ class Controller:
             self._due[key] = min(self._due.get(key, due), due)
 
     def forget(self, key: Key) -> None:
-        with self._guard:
-            self._locks.pop(key, None)
+        with self._guard:  # the lock itself stays: a pass may hold it or wait on it right now
             self._due.pop(key, None)
             self._states.pop(key, None)
             self._scraped.pop(key, None)
+            self._passed.pop(key, None)
         self._export_states()
 
     def _export_states(self) -> None:
@@ -87,6 +94,9 @@ class Controller:
                 self.metrics.reconcile_errors.inc()
                 log.exception("reconcile of %s/%s failed; retrying", namespace, name)
                 self.requeue(key, 5.0)
+            finally:
+                with self._guard:
+                    self._passed[key] = time.monotonic()
             return None
 
     def _reconcile(self, key: Key, job: dict[str, Any] | None) -> Plan | None:
@@ -158,11 +168,16 @@ class Controller:
         """Reconcile every job that can still change (active ones, finished ones with a TTL)."""
         namespaces: tuple[str | None, ...] = self.settings.namespaces or (None,)
         for ns in namespaces:
+            listed_at = time.monotonic()
             for job in self.kube.list_jobs(ns):
                 state = (job.get("status") or {}).get("state")
                 if state in TERMINAL and (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None:
                     continue
-                self.reconcile(job["metadata"]["namespace"], job["metadata"]["name"], job)
+                key = (job["metadata"]["namespace"], job["metadata"]["name"])
+                with self._guard:
+                    if self._passed.get(key, float("-inf")) > listed_at:
+                        continue  # an event-driven pass ran after the list: the listed body is stale
+                self.reconcile(key[0], key[1], job)
 
     def run_due(self) -> None:
         now = time.monotonic()
@@ -178,6 +193,8 @@ class Controller:
         next_resync = time.monotonic() + self.settings.resync_seconds
         while not stop.wait(0.5):
             try:
+                if not self.active():
+                    continue  # a standby replica: kopf has paused this replica's handlers too
                 self.run_due()
                 if time.monotonic() >= next_resync:
                     next_resync = time.monotonic() + self.settings.resync_seconds

@@ -22,6 +22,14 @@ from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
 log = logging.getLogger(__name__)
 
 
+TIMEOUT = (5, 30)  # connect, read: a half-open connection must not hold a job's lock forever
+
+
+def _release(resp: Any) -> None:
+    """Return the connection of a response we do not read to the pool."""
+    resp.release_conn()
+
+
 class Conflict(Exception):
     """The object changed since it was read; recompute from a fresh read."""
 
@@ -61,8 +69,11 @@ class Kube:
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._count("get")
         try:
-            return self._json(self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _preload_content=False))
+            return self._json(
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False, _request_timeout=TIMEOUT
+                )
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -71,16 +82,36 @@ class Kube:
     def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         self._count("list")
         if namespace:
-            resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                             _preload_content=False)
+            resp = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _preload_content=False, _request_timeout=TIMEOUT
+            )
         else:
-            resp = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
+            resp = self.custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=TIMEOUT
+            )
         return list(self._json(resp).get("items", []))
+
+    def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
+        """kopf's peering object: KopfPeering in a namespace, or the ClusterKopfPeering."""
+        self._count("get")
+        try:
+            if namespace:
+                resp = self.custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name,
+                                                                _preload_content=False, _request_timeout=TIMEOUT)
+            else:
+                resp = self.custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name,
+                                                             _preload_content=False, _request_timeout=TIMEOUT)
+            return self._json(resp)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         self._count("list")
-        resp = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}",
-                                             _preload_content=False)
+        resp = self.core.list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_JOB}={job}", _preload_content=False, _request_timeout=TIMEOUT
+        )
         return list(self._json(resp).get("items", []))
 
     # -- writes --------------------------------------------------------------------------------------
@@ -89,10 +120,13 @@ class Kube:
         """Create a Pod, Service or ConfigMap; False when it already exists."""
         self._count("create")
         ns = obj["metadata"]["namespace"]
-        create: Any = {"Pod": self.core.create_namespaced_pod, "Service": self.core.create_namespaced_service,
-                       "ConfigMap": self.core.create_namespaced_config_map}[obj["kind"]]
+        create: Any = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ConfigMap": self.core.create_namespaced_config_map,
+        }[obj["kind"]]
         try:
-            create(ns, obj, _preload_content=False)
+            _release(create(ns, obj, _preload_content=False, _request_timeout=TIMEOUT))
             return True
         except ApiException as e:
             if e.status == 409:
@@ -102,10 +136,13 @@ class Kube:
     def delete_pod(self, namespace: str, name: str, *, uid: str, grace_seconds: int | None) -> bool:
         """Delete exactly this pod (uid precondition: never a newer pod of the same name)."""
         self._count("delete")
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
-                                      grace_period_seconds=grace_seconds)
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), grace_period_seconds=grace_seconds)
         try:
-            self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
+            _release(
+                self.core.delete_namespaced_pod(
+                    name, namespace, body=body, _preload_content=False, _request_timeout=TIMEOUT
+                )
+            )
             return True
         except ApiException as e:
             if e.status in (404, 409):
@@ -114,11 +151,13 @@ class Kube:
 
     def delete_job(self, namespace: str, name: str, *, uid: str) -> None:
         self._count("delete")
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
-                                      propagation_policy="Background")
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background")
         try:
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body=body,
-                                                        _preload_content=False)
+            _release(
+                self.custom.delete_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, body=body, _preload_content=False, _request_timeout=TIMEOUT
+                )
+            )
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
@@ -127,13 +166,30 @@ class Kube:
         """PUT the status subresource with the job's resourceVersion (optimistic concurrency)."""
         self._count("update")
         meta = job["metadata"]
-        body = {"apiVersion": job["apiVersion"], "kind": job["kind"],
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                             "resourceVersion": meta["resourceVersion"]},
-                "spec": job.get("spec"), "status": status}
+        body = {
+            "apiVersion": job["apiVersion"],
+            "kind": job["kind"],
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "spec": job.get("spec"),
+            "status": status,
+        }
         try:
-            return self._json(self.custom.replace_namespaced_custom_object_status(
-                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], body, _preload_content=False))
+            return self._json(
+                self.custom.replace_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    meta["namespace"],
+                    PLURAL,
+                    meta["name"],
+                    body,
+                    _preload_content=False,
+                    _request_timeout=TIMEOUT,
+                )
+            )
         except ApiException as e:
             if e.status in (404, 409):
                 raise Conflict(f"{meta['namespace']}/{meta['name']}: {e.reason}") from e
@@ -145,16 +201,31 @@ class Kube:
         meta = job["metadata"]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         event: Any = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "type": type_, "reason": reason, "message": message[:1023],
+            "involvedObject": {
+                "apiVersion": job["apiVersion"],
+                "kind": job["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1023],
             "source": {"component": "finetune-operator"},
-            "reportingComponent": "finetune.dev/operator", "reportingInstance": "finetune-operator",
-            "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z", "count": 1,
+            "reportingComponent": "finetune.dev/operator",
+            "reportingInstance": "finetune-operator",
+            "firstTimestamp": now[:19] + "Z",
+            "lastTimestamp": now[:19] + "Z",
+            "count": 1,
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+            _release(
+                self.core.create_namespaced_event(
+                    meta["namespace"], event, _preload_content=False, _request_timeout=TIMEOUT
+                )
+            )
         except ApiException as e:
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e.reason)

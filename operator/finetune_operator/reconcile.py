@@ -93,6 +93,10 @@ def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
     return None
 
 
+def _owned_by(pod: dict[str, Any], uid: str) -> bool:
+    return any(o.get("uid") == uid and o.get("controller") for o in pod["metadata"].get("ownerReferences") or [])
+
+
 def _attempt_of(pod: dict[str, Any]) -> int:
     try:
         return int(pod["metadata"]["labels"][LABEL_ATTEMPT])
@@ -199,10 +203,28 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
         if prev_state != state or always_event:
             plan.events.append(Event(event_type, reason, message))
 
+    # Children of a deleted job of the same name are not ours: never count or delete them; the garbage
+    # collector removes them, and a requeue looks again.
+    foreign = [p for p in pods if not _owned_by(p, ref.uid)]
+    pods = [p for p in pods if _owned_by(p, ref.uid)]
+    if foreign:
+        plan.requeue_after = 2.0
+
+    # A finished job stays finished whatever its spec says now.
+    if prev_state in TERMINAL:
+        try:
+            spec_or_none: JobSpec | None = parse_spec(job.get("spec") or {})
+        except (SpecError, KeyError, TypeError, ValueError):
+            spec_or_none = None
+        keep = (old.get("failure") or {}).get("podName") if prev_state == FAILED else None
+        plan.delete = _delete_all([p for p in pods if not _finished(p)], keep=keep, now=now, settings=settings)
+        _ttl(plan, spec=spec_or_none, raw_spec=job.get("spec") or {}, now=now)
+        return plan
+
     try:
         check_name(ref.name)
         spec = parse_spec(job.get("spec") or {})
-    except SpecError as e:
+    except (SpecError, KeyError, TypeError, ValueError) as e:
         if condition(old, "InvalidSpec") is None:
             plan.events.append(Event("Warning", "InvalidSpec", str(e)))
         set_condition(st, "InvalidSpec", True, "InvalidSpec", str(e), now=now, generation=gen)
@@ -223,13 +245,6 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
     st["readyNodes"] = running
     st["nodes"] = f"{running}/{spec.nodes}"
 
-    # -- finished jobs: stop what still holds resources, keep the failed rank's pod as evidence --------
-    if prev_state in TERMINAL:
-        keep = (old.get("failure") or {}).get("podName") if prev_state == FAILED else None
-        plan.delete = _delete_all([p for p in pods if not _finished(p)], keep=keep, now=now, settings=settings)
-        _ttl(plan, spec=spec, raw_spec=None, now=now)
-        return plan
-
     # -- suspend: pods go, the next attempt starts when resumed --------------------------------------
     if spec.suspend:
         if prev_state != SUSPENDED and st.get("attemptStartTime"):
@@ -243,7 +258,7 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
 
     # -- deadline --------------------------------------------------------------------------------------
     started = parse_ts(st.get("startTime"))
-    if spec.active_deadline_seconds and started:
+    if spec.active_deadline_seconds and started and prev_state != SUSPENDED:  # resuming restarts the clock
         remaining = spec.active_deadline_seconds - (now - started).total_seconds()
         if remaining <= 0:
             _close_attempt(st, spec, now=now, restarted=False)
@@ -270,6 +285,8 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
                    if int(p["metadata"]["labels"][LABEL_RANK]) not in present]
         plan.create = [build_service(ref), build_config_map(ref, spec), *missing]
         st["attemptStartTime"] = ts(now)
+        if prev_state == SUSPENDED:
+            st["startTime"] = ts(now)  # as a Kubernetes Job: the deadline restarts when resumed
         st.setdefault("startTime", ts(now))
         restart_requested = parse_ts(st.pop("restartRequestedTime", None))
         if restart_requested:
@@ -311,7 +328,8 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
         _ttl(plan, spec=spec, raw_spec=None, now=now)
         return _clean(plan)
 
-    if running == spec.nodes:
+    done = sum(1 for p in current if _phase(p) == "Succeeded")
+    if running and running + done == spec.nodes:
         if progress:
             st["progress"] = merge_progress(st.get("progress"), progress, now=now)
         transition(RUNNING, "AllRanksRunning", f"attempt {attempt}: {running}/{spec.nodes} trainer pods running")
@@ -327,8 +345,7 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
             failure = Failure(problem.reason, f"rank {rank} waited {waited:.0f}s: {problem.message}").with_rank(
                 rank, attempt, pod_name(ref.name, rank))
             _close_attempt(st, spec, now=now, restarted=False)
-            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
-                         keep=pod_name(ref.name, rank))
+            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings, keep=None)
         old_created = condition(old, "Created") or {}
         set_condition(st, "Created", True, problem.reason, f"rank {rank}: {problem.message}", now=now,
                       generation=gen)

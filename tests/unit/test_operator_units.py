@@ -179,7 +179,8 @@ def job(status: dict[str, Any] | None = None, **spec_over: Any) -> dict[str, Any
 def running(rank: int, attempt: int = 0, phase: str = "Running", code: int | None = None) -> dict[str, Any]:
     p = pod(phase, code=code)
     p["metadata"].update(name=f"ft-node-{rank}", uid=f"u{rank}",
-                         labels={"finetune.dev/attempt": str(attempt), "finetune.dev/node-rank": str(rank)})
+                         labels={"finetune.dev/attempt": str(attempt), "finetune.dev/node-rank": str(rank)},
+                         ownerReferences=[{"uid": "uid-1", "controller": True}])
     return p
 
 
@@ -265,3 +266,56 @@ def test_progress_is_merged_only_while_running_and_idle_scrapes_write_nothing() 
     again = decide(job(first.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(seconds=15),
                    settings=Settings(), progress=dict(scraped))
     assert again.status == first.status
+
+
+# -- review fixes ------------------------------------------------------------------------------------------
+
+def test_pods_of_a_deleted_namesake_are_not_ours() -> None:
+    """delete + re-apply under the same name: the old job's finished pods must not make the new one Succeed."""
+    old_pod = running(0, phase="Succeeded", code=0)
+    old_pod["metadata"]["ownerReferences"] = [{"uid": "old-uid", "controller": True}]
+    plan = decide(job(dict(STARTED)), [old_pod], now=NOW, settings=Settings())
+    assert plan.status["state"] != "Succeeded" and plan.delete == []
+
+
+def test_a_finished_job_stays_finished_when_its_spec_is_edited() -> None:
+    done = dict(STARTED, state="Succeeded", completionTime=ts(NOW))
+    edited = job(done, podTemplate={"volumes": [{"name": "x", "mountPath": "/output/x", "emptyDir": {}}]})
+    plan = decide(edited, [], now=NOW, settings=Settings())
+    assert plan.status["state"] == "Succeeded" and not plan.events
+
+
+def test_a_rank_that_finished_first_keeps_the_job_running() -> None:
+    plan = decide(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Succeeded", code=0)], now=NOW,
+                  settings=Settings())
+    assert plan.status["state"] == "Running"
+
+
+def test_resume_restarts_the_deadline_clock() -> None:
+    suspended = dict(STARTED, state="Suspended", attemptStartTime=None, attempt=1,
+                     startTime=ts(NOW - timedelta(hours=5)))
+    del suspended["attemptStartTime"]
+    plan = decide(job(suspended, activeDeadlineSeconds=3600), [], now=NOW, settings=Settings())
+    assert plan.status["state"] == "Created" and plan.status["startTime"] == ts(NOW)
+
+
+def test_kueue_group_label_fits_63_characters() -> None:
+    spec = parse_spec(base_spec(queueName="q"))
+    pod = build_pod(JobRef(name="a" * 54, namespace="ns", uid="u"), spec, rank=0, attempt=12, settings=Settings())
+    assert len(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]) <= 63
+
+
+@pytest.mark.parametrize(("peers", "active"), [
+    ({"me": (7, 0)}, True),
+    ({"me": (7, 0), "other": (3, 0)}, True),
+    ({"me": (7, 0), "other": (9, 0)}, False),
+    ({"me": (7, 0), "other": (9, 600)}, True),  # the higher one is dead (last seen 10 min ago)
+    ({"me": (7, 0), "twin": (7, 0)}, False),  # equal priorities freeze every replica in kopf
+    ({}, False),  # not yet registered
+], ids=["alone", "highest", "standby", "higher-dead", "equal", "unregistered"])
+def test_peering_gate(peers, active) -> None:  # type: ignore[no-untyped-def]
+    from finetune_operator.peering import peering_active
+
+    status = {k: {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
+              for k, (p, age) in peers.items()}
+    assert peering_active(status, own_priority=7, now=NOW) is active

@@ -36,3 +36,35 @@ def filter_supported(args_cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     settings; user ``extraArgs`` are validated strictly instead)."""
     names = training_arg_names(args_cls)
     return {k: v for k, v in kwargs.items() if k in names}
+
+
+def cpu_resumable(trainer_cls: type) -> type:
+    """A subclass whose optimizer state resumes on CPU under torchrun.
+
+    transformers (4.50 and later) loads the optimizer state with ``map_location=args.device`` when
+    ``world_size > 1``; on CPU under torchrun that device is ``cpu:0``, which ``torch.load`` cannot restore to
+    ("don't know how to restore data location ... (tagged with cpu:0)"), so every resumed multi-node CPU run
+    crashed. On CPU the state is mapped to plain ``"cpu"``; GPU runs are untouched.
+    """
+    import torch
+
+    def _load_optimizer_and_scheduler(self: Any, checkpoint: Any) -> Any:
+        parent = super(cls, self)._load_optimizer_and_scheduler  # type: ignore[misc]
+        if getattr(self.args.device, "type", None) != "cpu":
+            return parent(checkpoint)
+        original = torch.load
+
+        def load(*args: Any, **kwargs: Any) -> Any:
+            loc = kwargs.get("map_location")
+            if isinstance(loc, torch.device) and loc.type == "cpu":
+                kwargs["map_location"] = "cpu"
+            return original(*args, **kwargs)
+
+        torch.load = load
+        try:
+            return parent(checkpoint)
+        finally:
+            torch.load = original
+
+    cls = type(trainer_cls.__name__, (trainer_cls,), {"_load_optimizer_and_scheduler": _load_optimizer_and_scheduler})
+    return cls

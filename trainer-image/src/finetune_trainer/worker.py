@@ -291,6 +291,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         control_group=control_group,
     )
     trainer_cls, _ = backend.classes()
+    trainer_cls = compat.cpu_resumable(trainer_cls)
     trainer = trainer_cls(
         model=model,
         args=args,

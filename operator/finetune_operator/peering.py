@@ -1,0 +1,31 @@
+"""Pure: is this replica the active one, judged from kopf's peering object the way kopf judges it?
+
+kopf pauses its watch handlers on a standby replica, but the operator's own backstop loop (resync,
+requeues) runs outside kopf: it must pause too, or every replica would reconcile and write.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+
+def _parse(ts: str) -> datetime:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
+
+
+def peering_active(status: dict[str, Any], *, own_priority: int, now: datetime) -> bool:
+    """Active when a live peer has our priority (ourselves) and no other live peer has ours or a higher one.
+
+    Equal priorities freeze every replica in kopf, so two live peers with our priority mean: not active.
+    """
+    live = []
+    for info in (status or {}).values():
+        try:
+            if _parse(str(info["lastseen"])) + timedelta(seconds=int(info.get("lifetime", 60))) > now:
+                live.append(int(info.get("priority", 0)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if any(p > own_priority for p in live):
+        return False
+    return live.count(own_priority) == 1
