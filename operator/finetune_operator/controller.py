@@ -7,6 +7,7 @@ requeues that a plan asked for (TTL expiry, deadlines, waiting timeouts, restart
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -15,10 +16,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from finetune_operator.k8s import Conflict, Kube
 from finetune_operator.metrics import OperatorMetrics
 from finetune_operator.progress import parse_metrics
-from finetune_operator.reconcile import RUNNING, TERMINAL, Plan, decide
+from finetune_operator.reconcile import RUNNING, TERMINAL, Plan, create_rejected, decide
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, METRICS_PORT, Settings
 
 log = logging.getLogger(__name__)
@@ -28,6 +31,13 @@ MAX_METRICS_BYTES = 1 << 20  # a trainer's page is a few KiB; never read an unbo
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except (TypeError, ValueError):
+        return str(e.reason)
 
 
 def fetch_metrics(url: str, timeout: float = 2.0) -> str:
@@ -112,7 +122,15 @@ class Controller:
                   plan.status.get("state"), len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
 
         for obj in plan.create:
-            if self.kube.create(obj) and obj["kind"] == "Pod":
+            try:
+                created = self.kube.create(obj)
+            except ApiException as e:
+                if e.status not in (400, 403, 422):
+                    raise
+                what = f"{obj['kind']} {obj['metadata']['name']}"
+                plan = create_rejected(job, what=what, code=int(e.status), message=_api_message(e), now=self.clock())
+                break
+            if created and obj["kind"] == "Pod":
                 self.metrics.pods_created.inc()
         if plan.status != (job.get("status") or {}):
             self.kube.replace_status(job, plan.status)

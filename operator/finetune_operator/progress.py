@@ -53,6 +53,8 @@ def parse_metrics(text: str, *, nodes: int) -> dict[str, Any]:
         if field in PER_NODE_RATES:
             value *= nodes
         out[field] = int(value) if field in INTEGER_FIELDS else round(value, 4)
+    if not out.get("totalSteps"):
+        return {}  # the trainer has not started its training loop yet: no progress to report
     if "step" in out and "totalSteps" in out:
         out["stepOfTotal"] = f"{out['step']}/{out['totalSteps']}"
     if "etaSeconds" in out:

@@ -69,7 +69,7 @@ def parse_ts(s: str | None) -> datetime | None:
 
 
 def set_condition(status: dict[str, Any], ctype: str, value: bool, reason: str, message: str,
-                  *, now: datetime, generation: int) -> None:
+                  *, now: datetime, generation: int, record_false: bool = False) -> None:
     """Set one condition; lastTransitionTime moves only when its status flips."""
     conds: list[dict[str, Any]] = status.setdefault("conditions", [])
     new_status = "True" if value else "False"
@@ -80,7 +80,7 @@ def set_condition(status: dict[str, Any], ctype: str, value: bool, reason: str, 
                 c["lastTransitionTime"] = ts(now)
             c.update(status=new_status, reason=reason, message=message, observedGeneration=generation)
             return
-    if not value:
+    if not value and not record_false:
         return  # an absent condition already reads as False: write nothing
     conds.append({"type": ctype, "status": new_status, "reason": reason, "message": message,
                   "lastTransitionTime": ts(now), "observedGeneration": generation})
@@ -422,3 +422,28 @@ def _clean(plan: Plan) -> Plan:
     for k in [k for k, v in plan.status.items() if v is None]:
         del plan.status[k]
     return plan
+
+
+def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, now: datetime) -> Plan:
+    """The API server refused a child the spec produced. A quota refusal waits and retries; anything else
+    (an invalid pod, a Pod Security violation) is an InvalidSpec: the job fails instead of retrying forever."""
+    gen = int(job["metadata"].get("generation", 1))
+    old = job.get("status") or {}
+    st = copy.deepcopy(old)
+    st["observedGeneration"] = gen
+    plan = Plan(status=st)
+    text = f"the API server refused {what} ({code}): {message}"[:1024]
+    if code == 403 and "exceeded quota" in message:
+        prev = condition(old, "Created") or {}
+        set_condition(st, "Created", False, "QuotaExceeded", text, now=now, generation=gen, record_false=True)
+        st.setdefault("state", PENDING)
+        if prev.get("reason") != "QuotaExceeded":
+            plan.events.append(Event("Warning", "QuotaExceeded", text))
+        plan.requeue_after = 30.0
+        return _clean(plan)
+    set_condition(st, "InvalidSpec", True, "InvalidSpec", text, now=now, generation=gen)
+    _set_state(st, FAILED, now=now, gen=gen, reason="InvalidSpec", message=text)
+    st["failure"] = {"reason": "InvalidSpec", "message": text}
+    st.setdefault("completionTime", ts(now))
+    plan.events.append(Event("Warning", "InvalidSpec", text))
+    return _clean(plan)

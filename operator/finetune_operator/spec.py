@@ -183,6 +183,15 @@ def _get(d: dict[str, Any], key: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
+QUANTITY_RE = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
+
+
+def _check_quantity(field_path: str, value: Any) -> None:
+    if isinstance(value, int) or QUANTITY_RE.match(str(value)):
+        return
+    raise SpecError(field_path, f"{value!r} is not a Kubernetes quantity; write it like 16Gi, 500m or 2")
+
+
 def _gpus(resources: dict[str, dict[str, Any]]) -> int:
     for section in ("limits", "requests"):
         v = (resources.get(section) or {}).get(GPU_RESOURCE)
@@ -245,6 +254,10 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
                         f"{training.evaluation.strategy!r}")
 
     resources = {k: dict(v) for k, v in _get(spec, "resources", {}).items() if v}
+    for section, values in resources.items():
+        for name, value in values.items():
+            _check_quantity(f"spec.resources.{section}['{name}']", value)
+    _check_quantity("spec.shmSize", _get(spec, "shmSize", "1Gi"))
     gpus = _gpus(resources)
     procs = spec.get("procsPerNode")
     if procs is None:

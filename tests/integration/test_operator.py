@@ -283,3 +283,25 @@ def test_deleting_the_job_collects_every_child(jobs, operator, namespace) -> Non
         return n
 
     wait_for(lambda: children() == 0, timeout=60, what="the garbage collector to remove pods, service, config")
+
+
+def test_pod_the_api_server_refuses_becomes_invalid_spec(jobs, operator) -> None:  # type: ignore[no-untyped-def]
+    """A quantity the CRD's int-or-string accepts but a Pod does not: InvalidSpec naming the field, no retry loop."""
+    jobs.create(make_job("qty").set("resources", {"limits": {"memory": "1x"}}).build())
+    jobs.wait_state("qty", "Failed")
+    cond = jobs.condition("qty", "InvalidSpec")
+    assert cond["status"] == "True" and "spec.resources.limits['memory']" in cond["message"]
+    assert jobs.pods("qty") == []
+
+
+def test_namespace_quota_rejection_is_a_condition(cluster, jobs, operator, namespace) -> None:  # type: ignore[no-untyped-def]
+    cluster.run_kubectl("create", "quota", "one-pod", "--hard=pods=1", "-n", namespace)
+    wait_for(lambda: "pods" in cluster.run_kubectl("get", "quota", "one-pod", "-n", namespace,
+                                                   "-o", "jsonpath={.status.hard}"),
+             timeout=30, what="the quota controller to publish the quota")
+    jobs.create(make_job("big").nodes(2).build())
+    cond = wait_for(lambda: (c := jobs.condition("big", "Created")) and c.get("reason") == "QuotaExceeded" and c,
+                    timeout=60, what="a QuotaExceeded condition")
+    assert "exceeded quota" in cond["message"] and cond["status"] == "False"
+    assert jobs.state("big") != "Failed"
+    assert "QuotaExceeded" in {e.reason for e in jobs.events("big")}

@@ -319,3 +319,37 @@ def test_peering_gate(peers, active) -> None:  # type: ignore[no-untyped-def]
     status = {k: {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
               for k, (p, age) in peers.items()}
     assert peering_active(status, own_priority=7, now=NOW) is active
+
+
+def test_progress_waits_for_the_training_loop() -> None:
+    from finetune_operator.progress import parse_metrics
+
+    page = "# TYPE finetune_train_step gauge\nfinetune_train_step 0\n# TYPE finetune_train_total_steps gauge\n" \
+           "finetune_train_total_steps 0\n"
+    assert parse_metrics(page, nodes=2) == {}
+
+
+def test_api_rejections_become_conditions_not_retry_loops() -> None:
+    from finetune_operator.reconcile import create_rejected
+
+    quota = create_rejected(job(dict(STARTED, state="Created")), what="Pod ft-node-0", code=403,
+                            message='pods "ft-node-0" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8',
+                            now=NOW)
+    assert quota.status["state"] == "Created" and quota.requeue_after == 30.0
+    assert [e.reason for e in quota.events] == ["QuotaExceeded"]
+    bad = create_rejected(job(dict(STARTED)), what="Pod ft-node-0", code=422,
+                          message="spec.containers[0].resources.requests: Invalid value: \"1x\"", now=NOW)
+    assert bad.status["state"] == "Failed" and bad.status["failure"]["reason"] == "InvalidSpec"
+    assert "resources.requests" in bad.status["failure"]["message"]
+
+
+@pytest.mark.parametrize(("value", "ok"), [("16Gi", True), ("500m", True), (2, True), ("1.5", True), ("1e3", True),
+                                          ("1x", False), ("Gi", False), ("16 Gi", False)])
+def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # type: ignore[no-untyped-def]
+    spec = base_spec(resources={"limits": {"memory": value}})
+    if ok:
+        parse_spec(spec)
+    else:
+        with pytest.raises(SpecError) as e:
+            parse_spec(spec)
+        assert e.value.field == "spec.resources.limits['memory']"
