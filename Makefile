@@ -6,7 +6,7 @@ PY = $(VENV)/bin/python
 CLUSTER = python3 -m tests.localcluster
 
 .PHONY: help setup binaries tools cluster-up cluster-down cluster-status run test test-unit test-integration \
-        test-trainer test-chart lint bench generate verify operator
+        test-trainer test-chart test-e2e run-local lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -29,13 +29,16 @@ cluster-down: ## stop the local control plane; leaves no process or port behind
 cluster-status: ## report whether every control-plane component is alive (with the log of one that died)
 	@$(CLUSTER) status
 
-run: setup ## the main job: fine-tune the tiny example FineTuneJob on 2 local nodes (finetune run-local)
+run: setup ## the main job: control plane, CRD, operator, node agent and the tiny FineTuneJob until it succeeds
+	@$(PY) -m tests.demo
+
+run-local: setup ## the tiny example FineTuneJob on 2 local nodes, no Kubernetes (finetune run-local)
 	@$(VENV)/bin/finetune run-local examples/tiny-job.yaml
 
 operator: setup ## run the operator against the local control plane (make cluster-up first)
 	@$(VENV)/bin/finetune operator --standalone --kubeconfig $${FINETUNE_CLUSTER_DIR:-/tmp/finetune-cluster-$$(id -u)}/admin.kubeconfig
 
-test: setup ## run every test tier (unit, integration, chart, trainer) against the real control plane
+test: setup ## run every test tier (unit, integration, chart, trainer, e2e) against the real control plane
 	@$(PY) -m pytest
 
 test-unit: setup ## unit tests only (pure code, seconds)
@@ -55,6 +58,9 @@ generate: ## regenerate docs/reference.md (from the CRD) and the Grafana dashboa
 
 verify: ## fail when generated files drift from their sources
 	@$(PY) -m tests.helmtools.crd_reference --check && $(PY) -m tests.helmtools.dashboard --check
+
+test-e2e: setup ## end-to-end: operator + local node agent + real training on the real control plane (root)
+	@$(PY) -m pytest -m e2e
 
 test-chart: setup ## Helm chart tests: lint, snapshots, server-side dry-run, install as the chart's ServiceAccount
 	@$(PY) -m pytest tests/chart

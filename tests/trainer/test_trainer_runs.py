@@ -7,42 +7,24 @@ Nothing is mocked. Offline (HF_HUB_OFFLINE=1), CPU only. Ports are free ports; w
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("transformers")
-pytest.importorskip("torch")
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.trainer.helpers import Node, free_port, poll, read_json, scrape, tiny_config
+from tests.chart import metric_names as names
+from tests.trainer.helpers import Node, free_port, import_required, poll, read_json, scrape, tiny_config
 
 pytestmark = pytest.mark.trainer
 
 RUN_TIMEOUT = 420
 STEPS = 30
 
-METRIC_NAMES = {
-    "finetune_train_samples",
-    "finetune_train_tokens",
-    "finetune_train_steps",
-    "finetune_train_step_duration_seconds",
-    "finetune_train_loss",
-    "finetune_train_learning_rate",
-    "finetune_train_epoch",
-    "finetune_train_step",
-    "finetune_train_total_steps",
-    "finetune_train_eta_seconds",
-    "finetune_train_samples_per_second",
-    "finetune_train_tokens_per_second",
-    "finetune_train_mfu",
-    "finetune_checkpoint_last_step",
-    "finetune_time_to_first_step_seconds",
-    "finetune_rendezvous_duration_seconds",
-    "finetune_attempt",
-    "finetune_checkpoint_save_duration_seconds",
-}  # fmt: skip  (parser names: counters without the _total suffix)
+# The one list of exported names (tests/chart/metric_names.py), as the text parser names families: counters
+# without their _total suffix.
+METRIC_NAMES = (
+    {n.removesuffix("_total") for n in names.TRAINER_COUNTERS} | names.TRAINER_GAUGES | names.TRAINER_HISTOGRAMS
+)
 
 
 def complete_steps(output: Path) -> list[int]:
@@ -204,7 +186,6 @@ def test_sigterm_saves_collectively_and_exits_143(tmp_path: Path) -> None:
     assert not (out / "result.json").exists()
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="inductor needs a C++ compiler")
 def test_compile_trains(tmp_path: Path) -> None:
     out = tmp_path / "out"
     cfg = tiny_config(
@@ -225,11 +206,11 @@ ORT_LOSS_TOLERANCE = 0.01
 
 
 def test_ort_matches_eager_loss_curve(eager_run: dict, tmp_path: Path) -> None:
-    pytest.importorskip("optimum.onnxruntime")
+    import_required("optimum.onnxruntime")
     from finetune_trainer.accel import ort_extensions_built
 
     if not ort_extensions_built():
-        pytest.skip("ORTModule extensions not built (trainer-image/install.sh builds them)")
+        pytest.fail("ORTModule extensions not built: run trainer-image/install.sh (CI builds them)")
     out = tmp_path / "out"
     cfg = tiny_config(
         out,
@@ -294,7 +275,7 @@ def test_unreachable_master_exits_75(tmp_path: Path) -> None:
 def test_worker_config_error_travels_through_error_file(tmp_path: Path) -> None:
     """A config error only a worker can see (a LoRA target module the model lacks) still exits 78: the worker's
     ConfigError travels through torchelastic's error file to the launcher."""
-    pytest.importorskip("peft")
+    import_required("peft")
     cfg = tiny_config(
         tmp_path / "out", training={"lora": {"r": 4, "alpha": 8, "dropout": 0.0, "targetModules": ["no_such_module"]}}
     )
@@ -305,7 +286,7 @@ def test_worker_config_error_travels_through_error_file(tmp_path: Path) -> None:
 
 
 def test_causal_lm_with_lora_trains(tmp_path: Path) -> None:
-    pytest.importorskip("peft")
+    import_required("peft")
     out = tmp_path / "out"
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targetModules": ["c_attn"]}
     cfg = tiny_config(

@@ -18,7 +18,7 @@ from finetune_trainer.errors import ConfigError, RendezvousTimeout, write_termin
 from finetune_trainer.launcher import classify_failure, read_error_file
 from finetune_trainer.preflight import wait_for_master
 
-from tests.trainer.helpers import TINY, deep_merge, tiny_config
+from tests.trainer.helpers import TINY, deep_merge, import_required, tiny_config
 
 pytestmark = pytest.mark.trainer
 
@@ -224,9 +224,9 @@ def test_backends() -> None:
 
 
 def test_ort_rejects_several_processes_per_node_on_cpu() -> None:
-    pytest.importorskip("optimum.onnxruntime")
+    import_required("optimum.onnxruntime")
     if not accel.ort_extensions_built():
-        pytest.skip("ORTModule extensions not built")
+        pytest.fail("ORTModule extensions not built: run trainer-image/install.sh (CI builds them)")
     with pytest.raises(ConfigError, match="one process per node"):
         accel.check_available("ort", nproc_per_node=2, cuda_available=False)
     accel.check_available("ort", nproc_per_node=1, cuda_available=False)
