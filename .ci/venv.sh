@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtualenv outside the repository, keyed by a hash of the locks,
-# so a warm machine skips the multi-GB torch install. Then (re)install this checkout's packages in
-# editable mode, without dependencies (a second), so the venv always runs the code of this clone.
+# so a warm machine skips the multi-GB torch install. Then (re)install this checkout's own packages,
+# without dependencies (seconds), so the venv always runs the code of this clone.
 #   .ci/venv.sh          set up, print nothing but progress
 #   .ci/venv.sh --path   print the venv's path and exit
 set -euo pipefail
@@ -10,7 +10,8 @@ cache="${FINETUNE_CACHE:-$HOME/.cache/finetune-operator}"
 cd "$root"
 locks=(requirements.lock)
 [[ -f trainer-image/requirements-cpu.lock ]] && locks+=(trainer-image/requirements-cpu.lock trainer-image/install.sh)
-key="$(cat "${locks[@]}" .ci/venv.sh | sha256sum | cut -c1-16)"
+# Keyed by what decides the third-party packages only (editing this script does not force a rebuild).
+key="$(cat "${locks[@]}" | sha256sum | cut -c1-16)"
 venv="$cache/venv-$key"
 if [[ "${1:-}" == "--path" ]]; then echo "$venv"; exit 0; fi
 
@@ -34,8 +35,11 @@ if [[ ! -f "$venv/.complete" ]]; then
   "$uv" pip install -q --python "$venv/bin/python" -r requirements.lock
   touch "$venv/.complete"
 fi
-# This checkout's own packages, editable, no dependencies.
-pkgs=(-e .)
-[[ -f trainer-image/pyproject.toml ]] && pkgs+=(-e ./trainer-image)
-"$uv" pip install -q --python "$venv/bin/python" --no-deps "${pkgs[@]}"
+# This checkout's own packages, no dependencies: the operator editable (it runs on this machine); the
+# trainer as a real copy in site-packages, because the venv doubles as the trainer "image" of the e2e node
+# agent, whose pods get /tmp (and so any checkout under it) replaced by an emptyDir, as on a cluster.
+"$uv" pip install -q --python "$venv/bin/python" --no-deps -e .
+if [[ -f trainer-image/pyproject.toml ]]; then
+  "$uv" pip install -q --python "$venv/bin/python" --no-deps --reinstall-package finetune-trainer ./trainer-image
+fi
 echo "venv: $venv"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from finetune_operator import guardrails
 from finetune_operator.builders import (
     JobRef,
     build_config_map,
@@ -234,6 +235,18 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
         plan.delete = _delete_all(pods, now=now, settings=settings)
         _ttl(plan, spec=None, raw_spec=job.get("spec") or {}, now=now)
         return plan
+
+    violation = guardrails.check(spec, settings)
+    if violation is not None:
+        if (old.get("failure") or {}).get("message") != violation.message:
+            plan.events.append(Event("Warning", violation.reason, violation.message))
+        if violation.reason == "InvalidSpec":
+            set_condition(st, "InvalidSpec", True, "InvalidSpec", violation.message, now=now, generation=gen)
+        _set_state(st, FAILED, now=now, gen=gen, reason=violation.reason, message=violation.message)
+        st["failure"] = {"reason": violation.reason, "message": violation.message}
+        st.setdefault("completionTime", ts(now))
+        plan.delete = _delete_all(pods, now=now, settings=settings)
+        return _clean(plan)
 
     attempt = int(st.get("attempt", 0))
     st.setdefault("attempt", attempt)

@@ -55,6 +55,11 @@ class Settings:
     run_as_user: int = 1000
     fs_group: int = 1000
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # Tenant guardrails (empty / 0: no limit).
+    allowed_image_prefixes: tuple[str, ...] = ()
+    allowed_priority_classes: tuple[str, ...] = ()
+    max_nodes_per_job: int = 0
+    max_gpus_per_job: int = 0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,4 +73,8 @@ class Settings:
             progress_interval_seconds=_int("FINETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds),
             metrics_port=_int("FINETUNE_METRICS_PORT", cls.metrics_port),
             health_port=_int("FINETUNE_HEALTH_PORT", cls.health_port),
+            allowed_image_prefixes=_list("FINETUNE_ALLOWED_IMAGE_PREFIXES"),
+            allowed_priority_classes=_list("FINETUNE_ALLOWED_PRIORITY_CLASSES"),
+            max_nodes_per_job=_int("FINETUNE_MAX_NODES_PER_JOB", 0),
+            max_gpus_per_job=_int("FINETUNE_MAX_GPUS_PER_JOB", 0),
         )

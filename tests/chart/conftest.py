@@ -66,6 +66,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
         "metrics": {"podMonitor": {"enabled": True}},
         "trainer": {"image": {"repository": "registry.example.com/ml/trainer", "tag": "1.2.3", "pullPolicy": "Always"}},
+        "guardrails": {"allowedImagePrefixes": ["registry.example.com/ml/"], "allowedPriorityClasses": ["train-low"],
+                       "maxNodesPerJob": 16, "maxGpusPerJob": 128},
     },
     "standalone-minimal": {
         "peering": {"enabled": False},

@@ -353,3 +353,28 @@ def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # typ
         with pytest.raises(SpecError) as e:
             parse_spec(spec)
         assert e.value.field == "spec.resources.limits['memory']"
+
+
+@pytest.mark.parametrize(("spec_over", "settings", "reason", "words"), [
+    ({"image": "docker.io/evil/miner:1"}, Settings(allowed_image_prefixes=("registry.corp/ml/",)), "InvalidSpec",
+     ["spec.image", "registry.corp/ml/"]),
+    ({"podTemplate": {"priorityClassName": "system-cluster-critical"}},
+     Settings(allowed_priority_classes=("train-low", "train-high")), "InvalidSpec", ["priorityClassName", "train-low"]),
+    ({"nodes": 64}, Settings(max_nodes_per_job=16), "QuotaExceeded", ["spec.nodes=64", "16 nodes per job"]),
+    ({"nodes": 64, "resources": {"limits": {"nvidia.com/gpu": 8}}}, Settings(max_gpus_per_job=256),
+     "QuotaExceeded", ["512 GPUs", "256 per job"]),
+], ids=["image", "priority-class", "nodes", "gpus"])
+def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
+    plan = decide(job(**spec_over), [], now=NOW, settings=settings)
+    assert plan.status["state"] == "Failed" and plan.create == []
+    assert plan.status["failure"]["reason"] == reason
+    assert all(w in plan.status["failure"]["message"] for w in words), plan.status["failure"]["message"]
+    again = decide(job(plan.status, **spec_over), [], now=NOW, settings=settings)
+    assert again.status == plan.status and not again.events  # no retry storm
+
+
+def test_guardrails_allow_what_is_allowed() -> None:
+    s = Settings(allowed_image_prefixes=("registry.corp/ml/",), max_nodes_per_job=4, max_gpus_per_job=32,
+                 default_image="registry.corp/ml/trainer:1")
+    plan = decide(job(nodes=4, resources={"limits": {"nvidia.com/gpu": 8}}), [], now=NOW, settings=s)
+    assert plan.status["state"] == "Created"
