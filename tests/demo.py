@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         claims = work / "claims"
         workspace = claims / NAMESPACE / "finetune-workspace"  # the example's workspace claim holds examples/
         workspace.mkdir(parents=True)
-        (workspace / "examples").symlink_to(ROOT / "examples")
+        shutil.copytree(ROOT / "examples", workspace / "examples")  # a copy: a pod's /tmp is its own
         agent = NodeAgent(kubeconfig, node_name="demo-node", claims_dir=claims, namespace=NAMESPACE,
                           state_dir=work / "agent").start()
         operator = OperatorProcess(kubeconfig, NAMESPACE, FINETUNE_PROGRESS_INTERVAL_SECONDS="2").start()

@@ -88,7 +88,7 @@ def e2e(request: pytest.FixtureRequest, cluster: Any, namespace: str, tmp_path: 
     # The workspace claim holds this repository's examples/ (what the example's README asks a cluster to provide).
     ws = claims / namespace / "finetune-workspace"
     ws.mkdir(parents=True)
-    (ws / "examples").symlink_to(ROOT / "examples")
+    shutil.copytree(ROOT / "examples", ws / "examples")  # a copy: pods get their own /tmp
     agent = NodeAgent(cluster.kubeconfig, node_name=f"agent-{namespace}"[:63], claims_dir=claims,
                       namespace=namespace, state_dir=tmp_path / "agent").start()
     operator = OperatorProcess(cluster.kubeconfig, namespace, FINETUNE_PROGRESS_INTERVAL_SECONDS="1").start()
