@@ -154,7 +154,7 @@ def run_local(manifest_path: str, *, workdir: str | None = None, mounts: list[st
     try:
         nodes = local_plan(manifest, manifest_dir=path.resolve().parent, workdir=wd, mounts=mounts or [],
                            master_port=_free_port())
-    except SpecError as e:
+    except (SpecError, KeyError, TypeError, ValueError) as e:
         print(f"invalid FineTuneJob {manifest_path}: {e}", file=sys.stderr)
         return 78
     grace = float((manifest.get("spec") or {}).get("terminationGracePeriodSeconds", 120))
@@ -177,6 +177,11 @@ def run_local(manifest_path: str, *, workdir: str | None = None, mounts: list[st
         procs.append(proc)
         pumps.append((t, log))
     code = 0
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # stop every node (they run in sessions of their own) before exiting
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         while True:
             codes = [p.poll() for p in procs]
@@ -192,6 +197,7 @@ def run_local(manifest_path: str, *, workdir: str | None = None, mounts: list[st
     except KeyboardInterrupt:
         code = 130
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for p in procs:
             _terminate(p, grace)
         for t, log in pumps:
