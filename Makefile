@@ -6,7 +6,7 @@ PY = $(VENV)/bin/python
 CLUSTER = python3 -m tests.localcluster
 
 .PHONY: help setup binaries tools cluster-up cluster-down cluster-status run test test-unit test-integration \
-        test-trainer test-chart test-e2e run-local lint bench generate verify operator
+        test-trainer test-chart test-e2e run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -67,3 +67,23 @@ test-chart: setup ## Helm chart tests: lint, snapshots, server-side dry-run, ins
 
 bench: setup ## run the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+
+# --- kind quickstart (docs/quickstart-kind.md): needs Docker and kind, so it runs on your machine, not in CI ---
+KIND_CLUSTER ?= finetune
+
+kind-up: ## create the kind cluster from kind-config.yaml (one control plane, two workers)
+	@kind create cluster --name $(KIND_CLUSTER) --config kind-config.yaml
+
+kind-images: ## build the operator and CPU trainer images and load them into kind
+	@docker build -f operator/Dockerfile -t finetune-operator:dev .
+	@docker build -f trainer-image/Dockerfile.cpu -t finetune-trainer:cpu trainer-image
+	@kind load docker-image finetune-operator:dev finetune-trainer:cpu --name $(KIND_CLUSTER)
+
+kind-install: ## helm install the chart into kind with the locally built images
+	@helm upgrade --install finetune-operator charts/finetune-operator -n finetune-system --create-namespace \
+	  --set image.repository=finetune-operator --set image.tag=dev --set image.pullPolicy=Never \
+	  --set trainer.image.repository=finetune-trainer --set trainer.image.tag=cpu --set trainer.image.pullPolicy=Never
+	@kubectl -n finetune-system rollout status deploy/finetune-operator
+
+kind-down: ## delete the kind cluster
+	@kind delete cluster --name $(KIND_CLUSTER)
