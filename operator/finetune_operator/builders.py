@@ -118,7 +118,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "maxSeqLength": t.max_seq_length, "precision": t.precision, "seed": t.seed,
             "checkpointEverySteps": t.checkpoint_every_steps, "keepCheckpoints": t.keep_checkpoints,
             "evaluation": {"strategy": t.evaluation.strategy, "everySteps": t.evaluation.every_steps},
-            "extraArgs": dict(t.extra_args),
+            "extraArgs": _with_ddp_timeout(t.extra_args, spec.active_deadline_seconds),
             "lora": None if t.lora is None else {
                 "r": t.lora.r, "alpha": t.lora.alpha if t.lora.alpha is not None else 2 * t.lora.r,
                 "dropout": t.lora.dropout, "targetModules": list(t.lora.target_modules)},
@@ -128,6 +128,15 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
         "metrics": {"port": METRICS_PORT},
         "preflight": {"timeoutSeconds": spec.rendezvous_timeout_seconds},
     }
+
+
+def _with_ddp_timeout(extra: dict[str, Any], deadline: int | None) -> dict[str, Any]:
+    """A collective that hangs must time out well before the job's deadline (torch's default is 30 min), so the
+    failure is a rank error that restarts the gang rather than a DeadlineExceeded. The user's value wins."""
+    out = dict(extra)
+    if deadline and "ddp_timeout" not in out:
+        out["ddp_timeout"] = max(60, min(1800, deadline // 4))
+    return out
 
 
 def build_config_map(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
@@ -178,6 +187,9 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     user_env_names = {e["name"] for e in spec.env}
     if "HF_HOME" not in user_env_names:
         env.append({"name": "HF_HOME", "value": "/tmp/huggingface"})
+    if spec.gpus_per_node > 0 and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in user_env_names:
+        # A rank whose peer died raises instead of hanging in a collective until the NCCL watchdog fires.
+        env.append({"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"})
     env.extend(spec.env)
     if spec.hf_token:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {

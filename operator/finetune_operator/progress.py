@@ -21,7 +21,10 @@ GAUGES = {
     "finetune_train_eta_seconds": "etaSeconds",
     "finetune_checkpoint_last_step": "lastCheckpointStep",
     "finetune_train_mfu": "mfu",
+    "finetune_time_to_first_step_seconds": "timeToFirstStepSeconds",
+    "finetune_rendezvous_duration_seconds": "rendezvousSeconds",
 }
+SET_ONCE = {"timeToFirstStepSeconds", "rendezvousSeconds"}  # 0 until the trainer knows them: leave out
 INTEGER_FIELDS = {"step", "totalSteps", "etaSeconds", "lastCheckpointStep"}
 PER_NODE_RATES = {"samplesPerSecond", "tokensPerSecond"}
 
@@ -48,7 +51,7 @@ def parse_metrics(text: str, *, nodes: int) -> dict[str, Any]:
         if field is None or not family.samples:
             continue
         value = float(family.samples[0].value)
-        if math.isnan(value) or math.isinf(value):
+        if math.isnan(value) or math.isinf(value) or (field in SET_ONCE and value <= 0):
             continue
         if field in PER_NODE_RATES:
             value *= nodes

@@ -378,3 +378,30 @@ def test_guardrails_allow_what_is_allowed() -> None:
                  default_image="registry.corp/ml/trainer:1")
     plan = decide(job(nodes=4, resources={"limits": {"nvidia.com/gpu": 8}}), [], now=NOW, settings=s)
     assert plan.status["state"] == "Created"
+
+
+def test_gpu_jobs_get_nccl_async_errors_and_a_ddp_timeout_inside_the_deadline() -> None:
+    spec = parse_spec(base_spec(nodes=2, resources={"limits": {"nvidia.com/gpu": 8}}, activeDeadlineSeconds=3600))
+    env = {e["name"]: e.get("value") for e in build_pod(REF, spec, rank=0, attempt=0, settings=Settings())
+           ["spec"]["containers"][0]["env"]}
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert trainer_config(REF, spec)["training"]["extraArgs"]["ddp_timeout"] == 900
+    mine = parse_spec(base_spec(activeDeadlineSeconds=3600, training={"maxSteps": 5, "extraArgs": {"ddp_timeout": 42}},
+                                env=[{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "0"}]))
+    assert trainer_config(REF, mine)["training"]["extraArgs"]["ddp_timeout"] == 42
+    cpu_env = [e["name"] for e in build_pod(REF, mine, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]
+               ["env"]]
+    assert cpu_env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 1  # the user's, not a second one
+
+
+def test_time_to_first_step_and_rendezvous_reach_progress() -> None:
+    from finetune_operator.progress import parse_metrics
+    from finetune_trainer.metrics import TrainerMetrics
+    from prometheus_client import generate_latest
+
+    m = TrainerMetrics(namespace="ns", job="ft", node_rank=0)
+    m.total_steps.set(10)
+    m.time_to_first_step.set(41.5)
+    m.rendezvous_duration.set(3.25)
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=1)
+    assert (p["timeToFirstStepSeconds"], p["rendezvousSeconds"]) == (41.5, 3.25)
