@@ -226,27 +226,13 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
         check_name(ref.name)
         spec = parse_spec(job.get("spec") or {})
     except (SpecError, KeyError, TypeError, ValueError) as e:
-        if condition(old, "InvalidSpec") is None:
-            plan.events.append(Event("Warning", "InvalidSpec", str(e)))
-        set_condition(st, "InvalidSpec", True, "InvalidSpec", str(e), now=now, generation=gen)
-        _set_state(st, FAILED, now=now, gen=gen, reason="InvalidSpec", message=str(e))
-        st.setdefault("completionTime", ts(now))
         st["nodes"] = "0/0"
-        plan.delete = _delete_all(pods, now=now, settings=settings)
-        _ttl(plan, spec=None, raw_spec=job.get("spec") or {}, now=now)
-        return plan
+        return _refuse(plan, job, pods, reason="InvalidSpec", message=str(e), now=now, settings=settings)
 
     violation = guardrails.check(spec, settings)
     if violation is not None:
-        if (old.get("failure") or {}).get("message") != violation.message:
-            plan.events.append(Event("Warning", violation.reason, violation.message))
-        if violation.reason == "InvalidSpec":
-            set_condition(st, "InvalidSpec", True, "InvalidSpec", violation.message, now=now, generation=gen)
-        _set_state(st, FAILED, now=now, gen=gen, reason=violation.reason, message=violation.message)
-        st["failure"] = {"reason": violation.reason, "message": violation.message}
-        st.setdefault("completionTime", ts(now))
-        plan.delete = _delete_all(pods, now=now, settings=settings)
-        return _clean(plan)
+        return _refuse(plan, job, pods, reason=violation.reason, message=violation.message, now=now,
+                       settings=settings)
 
     attempt = int(st.get("attempt", 0))
     st.setdefault("attempt", attempt)
@@ -286,7 +272,7 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
         if prev_state not in (RESTARTING, SUSPENDED):
             transition(RESTARTING, "CleaningUp", "waiting for pods of an earlier attempt to terminate")
         else:
-            st["state"] = prev_state if prev_state == RESTARTING else RESTARTING
+            st["state"] = RESTARTING
         plan.requeue_after = 2.0
         return _clean(plan)
 
@@ -418,6 +404,23 @@ def _fail(plan: Plan, st: dict[str, Any], pods: list[dict[str, Any]], failure: F
     return _clean(plan)
 
 
+def _refuse(plan: Plan, job: dict[str, Any], pods: list[dict[str, Any]], *, reason: str, message: str,
+            now: datetime, settings: Settings) -> Plan:
+    """Fail a job the operator will not run (InvalidSpec, QuotaExceeded): one Warning event, no pods, no retry."""
+    st, old = plan.status, job.get("status") or {}
+    gen = int(job["metadata"].get("generation", 1))
+    if (old.get("failure") or {}).get("message") != message:
+        plan.events.append(Event("Warning", reason, message))
+    if reason == "InvalidSpec":
+        set_condition(st, "InvalidSpec", True, "InvalidSpec", message, now=now, generation=gen)
+    _set_state(st, FAILED, now=now, gen=gen, reason=reason, message=message)
+    st["failure"] = {"reason": reason, "message": message[:1024]}
+    st.setdefault("completionTime", ts(now))
+    plan.delete = _delete_all(pods, now=now, settings=settings)
+    _ttl(plan, spec=None, raw_spec=job.get("spec") or {}, now=now)
+    return _clean(plan)
+
+
 def _ttl(plan: Plan, *, spec: JobSpec | None, raw_spec: dict[str, Any] | None, now: datetime) -> None:
     ttl = spec.ttl_seconds_after_finished if spec else (raw_spec or {}).get("ttlSecondsAfterFinished")
     done = parse_ts(plan.status.get("completionTime"))
@@ -446,7 +449,9 @@ def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, 
     st["observedGeneration"] = gen
     plan = Plan(status=st)
     text = f"the API server refused {what} ({code}): {message}"[:1024]
-    if code == 403 and "exceeded quota" in message:
+    # Any quota refusal is transient: "exceeded quota", and also "status unknown for quota" while the quota
+    # controller has not yet counted a new ResourceQuota.
+    if code == 403 and "quota" in message:
         prev = condition(old, "Created") or {}
         set_condition(st, "Created", False, "QuotaExceeded", text, now=now, generation=gen, record_false=True)
         st.setdefault("state", PENDING)
@@ -454,9 +459,5 @@ def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, 
             plan.events.append(Event("Warning", "QuotaExceeded", text))
         plan.requeue_after = 30.0
         return _clean(plan)
-    set_condition(st, "InvalidSpec", True, "InvalidSpec", text, now=now, generation=gen)
-    _set_state(st, FAILED, now=now, gen=gen, reason="InvalidSpec", message=text)
-    st["failure"] = {"reason": "InvalidSpec", "message": text}
-    st.setdefault("completionTime", ts(now))
-    plan.events.append(Event("Warning", "InvalidSpec", text))
-    return _clean(plan)
+    # The pods created before the refusal are deleted by the next pass, which finds the job finished.
+    return _refuse(plan, job, [], reason="InvalidSpec", message=text, now=now, settings=Settings())
