@@ -337,6 +337,9 @@ def test_api_rejections_become_conditions_not_retry_loops() -> None:
                             now=NOW)
     assert quota.status["state"] == "Created" and quota.requeue_after == 30.0
     assert [e.reason for e in quota.events] == ["QuotaExceeded"]
+    unknown = create_rejected(job(dict(STARTED, state="Created")), what="Pod ft-node-0", code=403,
+                              message='pods "ft-node-0" is forbidden: status unknown for quota: one-pod', now=NOW)
+    assert unknown.status["state"] == "Created" and unknown.requeue_after == 30.0
     bad = create_rejected(job(dict(STARTED)), what="Pod ft-node-0", code=422,
                           message="spec.containers[0].resources.requests: Invalid value: \"1x\"", now=NOW)
     assert bad.status["state"] == "Failed" and bad.status["failure"]["reason"] == "InvalidSpec"
