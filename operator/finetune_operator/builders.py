@@ -25,7 +25,7 @@ from finetune_operator.settings import (
     OUTPUT_MOUNT,
     Settings,
 )
-from finetune_operator.spec import JobSpec
+from finetune_operator.spec import CACHE_MOUNT, JobSpec
 
 CONTAINER = "trainer"
 
@@ -49,6 +49,11 @@ def pod_name(job: str, rank: int) -> str:
 
 def config_map_name(job: str) -> str:
     return f"{job}-config"
+
+
+def output_claim_name(job: str, spec: JobSpec) -> str:
+    """The existing claim the job names, or ``<job>-output``, which the operator creates from the template."""
+    return spec.output.claim_name or f"{job}-output"
 
 
 def master_addr(job: str) -> str:
@@ -98,6 +103,38 @@ def build_service(ref: JobRef) -> dict[str, Any]:
     }
 
 
+def build_output_claim(ref: JobRef, spec: JobSpec) -> dict[str, Any] | None:
+    """The job's output claim from ``spec.output.volumeClaimTemplate``; owned by the job (deleted with it) unless
+    ``reclaimPolicy: Retain``, in which case it outlives the job and a job of the same name resumes from it."""
+    template = spec.output.template
+    if template is None:
+        return None
+    tmeta = template.get("metadata") or {}
+    labels = {**(tmeta.get("labels") or {}), **common_labels(ref.name, "output")}
+    meta = _meta(ref, output_claim_name(ref.name, spec), labels, dict(tmeta.get("annotations") or {}) or None)
+    if spec.output.reclaim_policy == "Retain":
+        del meta["ownerReferences"]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": dict(template["spec"])}
+
+
+def build_pdb(ref: JobRef, spec: JobSpec) -> dict[str, Any] | None:
+    """``spec.podDisruptionBudget.enabled``: no voluntary eviction (drain) may take a rank of a running gang.
+    Pods that are not running yet may still be evicted (``AlwaysAllow``), so a drain never waits on a Pending
+    pod. The operator's own gang restarts delete pods directly and are not affected."""
+    if not spec.pod_disruption_budget:
+        return None
+    return {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": _meta(ref, ref.name, common_labels(ref.name, "disruption-budget")),
+        "spec": {"minAvailable": spec.nodes, "selector": {"matchLabels": selector_labels(ref.name)},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
+
+
+def hf_home(spec: JobSpec) -> str:
+    return f"{CACHE_MOUNT}/huggingface" if spec.cache else "/tmp/huggingface"
+
+
 def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
     """The config JSON contract read by the trainer (trainer-image/.../config.schema.json)."""
     t = spec.training
@@ -127,6 +164,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
         "output": {"path": output_path(ref, spec)},
         "metrics": {"port": METRICS_PORT},
         "preflight": {"timeoutSeconds": spec.rendezvous_timeout_seconds},
+        **({"cache": {"path": hf_home(spec)}} if spec.cache else {}),  # optional (config 1.x minor addition)
     }
 
 
@@ -186,7 +224,7 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     env: list[dict[str, Any]] = list(env_contract(ref, spec, rank=rank, attempt=attempt))
     user_env_names = {e["name"] for e in spec.env}
     if "HF_HOME" not in user_env_names:
-        env.append({"name": "HF_HOME", "value": "/tmp/huggingface"})
+        env.append({"name": "HF_HOME", "value": hf_home(spec)})
     if spec.gpus_per_node > 0 and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in user_env_names:
         # A rank whose peer died raises instead of hanging in a collective until the NCCL watchdog fires.
         env.append({"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"})
@@ -203,10 +241,13 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map_name(ref.name)}},
-        {"name": "output", "persistentVolumeClaim": {"claimName": spec.output.claim_name}},
+        {"name": "output", "persistentVolumeClaim": {"claimName": output_claim_name(ref.name, spec)}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
         {"name": "tmp", "emptyDir": {}},
     ]
+    if spec.cache:
+        mounts.append({"name": "hf-cache", "mountPath": CACHE_MOUNT})
+        volumes.append({"name": "hf-cache", "persistentVolumeClaim": {"claimName": spec.cache.claim_name}})
     for v in spec.pod_template.volumes:
         mounts.append({"name": v.name, "mountPath": v.mount_path, "readOnly": v.read_only})
         volumes.append({"name": v.name, **v.source})
@@ -225,7 +266,8 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
+            # RDMA pins memory (IPC_LOCK): allowed only in a privileged namespace (Pod Security).
+            "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if spec.network.rdma else {})},
         },
     }
     if spec.resources:
@@ -248,6 +290,9 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         "containers": [container],
         "volumes": volumes,
     }
+    if spec.network.host_network:  # NCCL over the node's own interfaces; the privileged Pod Security level only
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # J-node-0.J must still resolve
     pt = spec.pod_template
     if pt.service_account_name:
         pod_spec["serviceAccountName"] = pt.service_account_name

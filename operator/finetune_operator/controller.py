@@ -18,11 +18,14 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from finetune_operator import admission
+from finetune_operator.admission import Observed
 from finetune_operator.k8s import Conflict, Kube
 from finetune_operator.metrics import OperatorMetrics
 from finetune_operator.progress import parse_metrics
 from finetune_operator.reconcile import RUNNING, TERMINAL, Plan, create_rejected, decide
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, METRICS_PORT, Settings
+from finetune_operator.spec import SpecError, parse_spec
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -57,6 +60,7 @@ class Controller:
         self.clock = clock
         self._guard = threading.Lock()
         self._locks: dict[Key, threading.Lock] = {}
+        self._ns_locks: dict[str, threading.Lock] = {}
         self._due: dict[Key, float] = {}
         self._states: dict[Key, str] = {}
         self._scraped: dict[Key, float] = {}
@@ -68,6 +72,10 @@ class Controller:
     def _lock(self, key: Key) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
+
+    def _ns_lock(self, namespace: str) -> threading.Lock:
+        with self._guard:
+            return self._ns_locks.setdefault(namespace, threading.Lock())
 
     def requeue(self, key: Key, after: float) -> None:
         with self._guard:
@@ -116,8 +124,35 @@ class Controller:
         if job is None or job["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return None
+        status = job.get("status") or {}
+        admitting = status.get("state") not in TERMINAL and not status.get("attemptStartTime")
+        if admitting and (self.settings.max_nodes_per_namespace or self.settings.max_gpus_per_namespace):
+            # Admission against namespace totals: one job of a namespace at a time, so two jobs cannot both
+            # take the last GPUs (the first one's status write is visible to the second one's list).
+            with self._ns_lock(namespace):
+                return self._pass(key, job, self._observe(job, usage=True))
+        return self._pass(key, job, self._observe(job, usage=False) if admitting else Observed())
+
+    def _observe(self, job: dict[str, Any], *, usage: bool) -> Observed:
+        """Reads for the checks before an attempt starts: the claims the job mounts, the namespace's use."""
+        meta = job["metadata"]
+        try:
+            spec = parse_spec(job.get("spec") or {})
+        except (SpecError, KeyError, TypeError, ValueError):
+            return Observed()  # decide() reports the spec error
+        claims = {}
+        for _, claim in admission.claims_to_check(meta["name"], spec):
+            pvc = self.kube.get_claim(meta["namespace"], claim)
+            if pvc is not None:
+                claims[claim] = pvc
+        held = admission.usage_of(self.kube.list_jobs(meta["namespace"]), exclude_uid=meta["uid"]) if usage else None
+        return Observed(claims=claims, usage=held)
+
+    def _pass(self, key: Key, job: dict[str, Any], observed: Observed) -> Plan | None:
+        namespace, name = key
         pods = self.kube.list_pods(namespace, name)
-        plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods))
+        plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
+                      observed=observed)
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
                   plan.status.get("state"), len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
 
@@ -138,6 +173,8 @@ class Controller:
         for d in plan.delete:
             if self.kube.delete_pod(namespace, d.name, uid=d.uid, grace_seconds=d.grace_seconds):
                 self.metrics.pods_deleted.inc()
+        for kind, obj_name in plan.delete_objects:
+            self.kube.delete_object(kind, namespace, obj_name)
         if plan.restart_reason:
             self.metrics.restarts.labels(reason=plan.restart_reason).inc()
         for ev in plan.events:

@@ -53,6 +53,7 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.policy = client.PolicyV1Api(api)
         self.requests: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -114,16 +115,28 @@ class Kube:
         )
         return list(self._json(resp).get("items", []))
 
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._count("get")
+        try:
+            return self._json(self.core.read_namespaced_persistent_volume_claim(
+                name, namespace, _preload_content=False, _request_timeout=TIMEOUT))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     # -- writes --------------------------------------------------------------------------------------
 
     def create(self, obj: dict[str, Any]) -> bool:
-        """Create a Pod, Service or ConfigMap; False when it already exists."""
+        """Create a job's child (Pod, Service, ConfigMap, claim, PDB); False when it already exists."""
         self._count("create")
         ns = obj["metadata"]["namespace"]
         create: Any = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
+            "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
+            "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
         }[obj["kind"]]
         try:
             _release(create(ns, obj, _preload_content=False, _request_timeout=TIMEOUT))
@@ -148,6 +161,16 @@ class Kube:
             if e.status in (404, 409):
                 return False
             raise
+
+    def delete_object(self, kind: str, namespace: str, name: str) -> None:
+        """Delete a job's non-pod child (its PodDisruptionBudget); gone already is fine."""
+        self._count("delete")
+        delete: Any = {"PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget}[kind]
+        try:
+            _release(delete(name, namespace, _preload_content=False, _request_timeout=TIMEOUT))
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     def delete_job(self, namespace: str, name: str, *, uid: str) -> None:
         self._count("delete")

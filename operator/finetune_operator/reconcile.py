@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from finetune_operator import guardrails
+from finetune_operator import admission, guardrails
+from finetune_operator.admission import Observed
 from finetune_operator.builders import (
     JobRef,
     build_config_map,
+    build_output_claim,
+    build_pdb,
     build_pods,
     build_service,
     pod_name,
@@ -53,6 +56,7 @@ class Plan:
     status: dict[str, Any]
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[PodDelete] = field(default_factory=list)
+    delete_objects: list[tuple[str, str]] = field(default_factory=list)  # (kind, name): the gang's PDB
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
@@ -187,8 +191,20 @@ def merge_progress(old: dict[str, Any] | None, scraped: dict[str, Any], *, now: 
 
 
 def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, settings: Settings,
-           progress: dict[str, Any] | None = None) -> Plan:
-    """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped)."""
+           progress: dict[str, Any] | None = None, observed: Observed | None = None) -> Plan:
+    """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped);
+    ``observed`` is what the controller read for the checks before an attempt starts (claims, namespace use)."""
+    plan = _decide(job, pods, now=now, settings=settings, progress=progress, observed=observed or Observed())
+    # The gang's PodDisruptionBudget lives while the job can run: it goes when the job stops or finishes.
+    old_state, new_state = (job.get("status") or {}).get("state"), plan.status.get("state")
+    pdb = ((job.get("spec") or {}).get("podDisruptionBudget") or {}).get("enabled")
+    if pdb and new_state != old_state and new_state in (*TERMINAL, SUSPENDED):
+        plan.delete_objects.append(("PodDisruptionBudget", job["metadata"]["name"]))
+    return plan
+
+
+def _decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, settings: Settings,
+            progress: dict[str, Any] | None, observed: Observed) -> Plan:
     meta = job["metadata"]
     ref = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     gen = int(meta.get("generation", 1))
@@ -279,10 +295,20 @@ def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, se
     created = bool(st.get("attemptStartTime"))
     present = {_rank_of(p) for p in current}
     if not created:
+        claims = admission.check_claims(ref.name, spec, observed.claims)
+        if claims is not None:
+            return _refuse(plan, job, pods, reason=claims.reason, message=claims.message, now=now, settings=settings)
+        over = admission.check_namespace(spec, observed.usage, settings)
+        if over is not None and over.permanent:
+            return _refuse(plan, job, pods, reason=over.violation.reason, message=over.violation.message, now=now,
+                           settings=settings)
+        if over is not None:
+            return _wait_quota(plan, old, over.violation.message, now=now, gen=gen)
         # Create the attempt (all missing ranks; creation tolerates "already exists").
         missing = [p for p in build_pods(ref, spec, attempt=attempt, settings=settings)
                    if int(p["metadata"]["labels"][LABEL_RANK]) not in present]
-        plan.create = [build_service(ref), build_config_map(ref, spec), *missing]
+        extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec)) if o is not None]
+        plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
         st["attemptStartTime"] = ts(now)
         if prev_state == SUSPENDED:
             st["startTime"] = ts(now)  # as a Kubernetes Job: the deadline restarts when resumed
@@ -433,6 +459,19 @@ def _ttl(plan: Plan, *, spec: JobSpec | None, raw_spec: dict[str, Any] | None, n
         plan.requeue_after = remaining
 
 
+def _wait_quota(plan: Plan, old: dict[str, Any], message: str, *, now: datetime, gen: int) -> Plan:
+    """Not admitted yet (a quota or a namespace limit): condition Created=False/QuotaExceeded, one event per
+    change, a retry every 30 s, since quota frees up as other jobs finish."""
+    st = plan.status
+    prev = condition(old, "Created") or {}
+    set_condition(st, "Created", False, "QuotaExceeded", message, now=now, generation=gen, record_false=True)
+    st.setdefault("state", PENDING)
+    if prev.get("reason") != "QuotaExceeded" or prev.get("message") != message[:1024]:
+        plan.events.append(Event("Warning", "QuotaExceeded", message))
+    plan.requeue_after = 30.0
+    return _clean(plan)
+
+
 def _clean(plan: Plan) -> Plan:
     """Drop keys whose value is None so that the written status stays minimal and comparable."""
     for k in [k for k, v in plan.status.items() if v is None]:
@@ -452,12 +491,9 @@ def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, 
     # Any quota refusal is transient: "exceeded quota", and also "status unknown for quota" while the quota
     # controller has not yet counted a new ResourceQuota.
     if code == 403 and "quota" in message:
-        prev = condition(old, "Created") or {}
-        set_condition(st, "Created", False, "QuotaExceeded", text, now=now, generation=gen, record_false=True)
-        st.setdefault("state", PENDING)
-        if prev.get("reason") != "QuotaExceeded":
-            plan.events.append(Event("Warning", "QuotaExceeded", text))
-        plan.requeue_after = 30.0
-        return _clean(plan)
+        return _wait_quota(plan, old, text, now=now, gen=gen)
+    if "PodSecurity" in message:
+        text = (f"{text} — a job with spec.network.hostNetwork or spec.network.rdma needs a namespace labelled "
+                "pod-security.kubernetes.io/enforce=privileged (docs/operations.md, GPU networking)")[:1024]
     # The pods created before the refusal are deleted by the next pass, which finds the job finished.
     return _refuse(plan, job, [], reason="InvalidSpec", message=text, now=now, settings=Settings())

@@ -30,7 +30,7 @@ import yaml
 
 from finetune_operator.builders import JobRef, env_contract, trainer_config
 from finetune_operator.settings import METRICS_PORT, OUTPUT_MOUNT
-from finetune_operator.spec import SpecError, check_name, parse_spec
+from finetune_operator.spec import CACHE_MOUNT, SpecError, check_name, parse_spec
 
 MOUNTS_ANNOTATION = "finetune.dev/run-local-mounts"
 
@@ -106,6 +106,8 @@ def local_plan(manifest: dict[str, Any], *, manifest_dir: Path, workdir: Path, m
     mount_map = parse_mounts(annotated, manifest_dir)
     mount_map.update(parse_mounts(mounts, Path.cwd()))
     mount_map[OUTPUT_MOUNT] = workdir / "output"
+    if spec.cache:  # the shared Hugging Face cache: one directory for every local node, as one claim would be
+        mount_map.setdefault(CACHE_MOUNT, workdir / "cache")
     nodes = []
     for rank in range(spec.nodes):
         cfg = trainer_config(ref, spec)
@@ -113,12 +115,16 @@ def local_plan(manifest: dict[str, Any], *, manifest_dir: Path, workdir: Path, m
         cfg["dataset"]["path"] = map_path(cfg["dataset"]["path"], mount_map)
         cfg["output"]["path"] = map_path(cfg["output"]["path"], mount_map)
         cfg["metrics"]["port"] = METRICS_PORT + rank
+        if cfg.get("cache"):
+            cfg["cache"]["path"] = map_path(cfg["cache"]["path"], mount_map)
         env = {e["name"]: e["value"] for e in env_contract(ref, spec, rank=rank, attempt=0)}
         for key in ("PET_MASTER_ADDR", "MASTER_ADDR"):
             env[key] = "127.0.0.1"
         for key in ("PET_MASTER_PORT", "MASTER_PORT"):
             env[key] = str(master_port)
         env.update({e["name"]: str(e.get("value", "")) for e in spec.env if "value" in e})
+        if cfg.get("cache"):
+            env["HF_HOME"] = cfg["cache"]["path"]
         nodes.append((cfg, env))
     return nodes
 

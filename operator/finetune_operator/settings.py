@@ -60,6 +60,8 @@ class Settings:
     allowed_priority_classes: tuple[str, ...] = ()
     max_nodes_per_job: int = 0
     max_gpus_per_job: int = 0
+    max_nodes_per_namespace: int = 0  # across the namespace's active jobs; a job over it waits (QuotaExceeded)
+    max_gpus_per_namespace: int = 0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -77,4 +79,6 @@ class Settings:
             allowed_priority_classes=_list("FINETUNE_ALLOWED_PRIORITY_CLASSES"),
             max_nodes_per_job=_int("FINETUNE_MAX_NODES_PER_JOB", 0),
             max_gpus_per_job=_int("FINETUNE_MAX_GPUS_PER_JOB", 0),
+            max_nodes_per_namespace=_int("FINETUNE_MAX_NODES_PER_NAMESPACE", 0),
+            max_gpus_per_namespace=_int("FINETUNE_MAX_GPUS_PER_NAMESPACE", 0),
         )

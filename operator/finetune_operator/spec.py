@@ -17,6 +17,7 @@ TASKS = ("sequence-classification", "token-classification", "question-answering"
 ACCELERATIONS = ("auto", "ort", "compile", "none")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # MIG slices (mixed strategy), e.g. nvidia.com/mig-1g.10gb
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 54  # "<name>-node-511" must fit a 63-character DNS label
 
@@ -47,6 +48,8 @@ MANAGED_TRAINING_ARGS = {
     "resume_from_checkpoint": "(automatic: the newest complete checkpoint)",
 }
 RESERVED_MOUNTS = ("/etc/finetune", "/output", "/dev/shm", "/tmp")
+CACHE_MOUNT = "/cache"  # the shared Hugging Face cache (spec.cache), when set
+OPERATOR_VOLUMES = ("config", "output", "shm", "tmp", "hf-cache")
 
 
 class SpecError(ValueError):
@@ -113,8 +116,21 @@ class Training:
 
 @dataclass(frozen=True)
 class Output:
-    claim_name: str
+    claim_name: str | None = None  # an existing claim, or None: the operator creates <job>-output from the template
     path: str | None = None
+    template: dict[str, Any] | None = None  # volumeClaimTemplate (metadata + spec), when the operator creates it
+    reclaim_policy: str = "Delete"  # Delete: the claim is owned by the job; Retain: it outlives the job
+
+
+@dataclass(frozen=True)
+class Cache:
+    claim_name: str  # a shared (ReadWriteMany) claim holding the Hugging Face cache, mounted at /cache
+
+
+@dataclass(frozen=True)
+class Network:
+    host_network: bool = False  # needs a namespace that enforces the privileged Pod Security level
+    rdma: bool = False  # adds the IPC_LOCK capability (pinned memory); RDMA devices come from spec.resources
 
 
 @dataclass(frozen=True)
@@ -172,6 +188,9 @@ class JobSpec:
     shm_size: str = "1Gi"
     queue_name: str | None = None
     pod_template: PodTemplate = field(default_factory=PodTemplate)
+    cache: Cache | None = None
+    network: Network = field(default_factory=Network)
+    pod_disruption_budget: bool = False
 
     @property
     def world_size(self) -> int:
@@ -186,6 +205,18 @@ def _get(d: dict[str, Any], key: str, default: Any = None) -> Any:
 QUANTITY_RE = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
 
 
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 1e-3,
+           "n": 1e-9, "u": 1e-6, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_bytes(value: Any) -> float:
+    """A Kubernetes quantity as a number (bytes for memory); the value must already match QUANTITY_RE."""
+    m = re.match(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$", str(value))
+    if not m or m.group(2) not in _SUFFIX:
+        raise ValueError(f"not a quantity: {value!r}")
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
 def _check_quantity(field_path: str, value: Any) -> None:
     if isinstance(value, int) or QUANTITY_RE.match(str(value)):
         return
@@ -193,15 +224,49 @@ def _check_quantity(field_path: str, value: Any) -> None:
 
 
 def _gpus(resources: dict[str, dict[str, Any]]) -> int:
+    """GPUs per node: ``nvidia.com/gpu`` plus MIG slices (``nvidia.com/mig-*``), limits first (as the device
+    plugin's extended resources: requests, when given, must equal limits)."""
     for section in ("limits", "requests"):
-        v = (resources.get(section) or {}).get(GPU_RESOURCE)
-        if v is not None:
+        values = resources.get(section) or {}
+        names = [k for k in values if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)]
+        if not names:
+            continue
+        total = 0
+        for name in names:
             try:
-                return int(str(v))
+                total += int(str(values[name]))
             except ValueError as e:
-                raise SpecError(f"spec.resources.{section}['{GPU_RESOURCE}']",
-                                f"must be a whole number of GPUs, got {v!r}") from e
+                raise SpecError(f"spec.resources.{section}['{name}']",
+                                f"must be a whole number of GPUs, got {values[name]!r}") from e
+        return total
     return 0
+
+
+ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
+
+
+def _parse_output(out: dict[str, Any], nodes: int) -> Output:
+    claim, template = out.get("claimName"), out.get("volumeClaimTemplate")
+    if (claim is None) == (template is None):
+        raise SpecError("spec.output", "set exactly one of spec.output.claimName (an existing claim) or "
+                        "spec.output.volumeClaimTemplate (the operator creates the claim)")
+    if template is not None:
+        pvc = template.get("spec") or {}
+        modes = list(pvc.get("accessModes") or ())
+        if not modes or any(m not in ACCESS_MODES for m in modes):
+            raise SpecError("spec.output.volumeClaimTemplate.spec.accessModes",
+                            f"must list access modes from {', '.join(ACCESS_MODES)}, got {modes!r}")
+        if nodes > 1 and "ReadWriteMany" not in modes:
+            raise SpecError("spec.output.volumeClaimTemplate.spec.accessModes",
+                            f"must include ReadWriteMany: all {nodes} nodes write checkpoints into the claim "
+                            "(or run on 1 node)")
+        storage = ((pvc.get("resources") or {}).get("requests") or {}).get("storage")
+        if storage is None:
+            raise SpecError("spec.output.volumeClaimTemplate.spec.resources.requests.storage",
+                            "is required: the size of the claim, for example 100Gi")
+        _check_quantity("spec.output.volumeClaimTemplate.spec.resources.requests.storage", storage)
+    return Output(claim_name=claim, path=out.get("path"), template=template,
+                  reclaim_policy=_get(out, "reclaimPolicy", "Delete"))
 
 
 def parse_spec(spec: dict[str, Any]) -> JobSpec:
@@ -257,7 +322,14 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     for section, values in resources.items():
         for name, value in values.items():
             _check_quantity(f"spec.resources.{section}['{name}']", value)
-    _check_quantity("spec.shmSize", _get(spec, "shmSize", "1Gi"))
+    shm = _get(spec, "shmSize", "1Gi")
+    _check_quantity("spec.shmSize", shm)
+    memory = (resources.get("limits") or {}).get("memory")
+    if memory is not None and quantity_bytes(shm) >= quantity_bytes(memory):
+        # /dev/shm is a tmpfs: what the trainer writes there counts against the container's memory limit.
+        raise SpecError("spec.shmSize", f"{shm} is not below the memory limit {memory} "
+                        "(spec.resources.limits.memory), and /dev/shm counts against it; lower shmSize or raise "
+                        "the limit")
     gpus = _gpus(resources)
     procs = spec.get("procsPerNode")
     if procs is None:
@@ -272,9 +344,13 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             raise SpecError(f"spec.env[{i}].name", f"{name} is reserved by the rendezvous contract; remove it")
 
-    out = spec["output"]
-    if not out.get("claimName"):
-        raise SpecError("spec.output.claimName", "is required: the claim that holds checkpoints and the model")
+    nodes = int(_get(spec, "nodes", 1))
+    output = _parse_output(spec["output"], nodes)
+    cache_d = spec.get("cache")
+    if cache_d is not None and not cache_d.get("claimName"):
+        raise SpecError("spec.cache.claimName", "is required: a ReadWriteMany claim for the shared Hugging Face cache")
+    cache = Cache(claim_name=cache_d["claimName"]) if cache_d is not None else None
+    net = _get(spec, "network", {})
     tok = spec.get("hfTokenSecretRef")
     pt = _get(spec, "podTemplate", {})
     volumes = []
@@ -284,16 +360,16 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
             raise SpecError(f"spec.podTemplate.volumes[{i}]", "needs exactly one of persistentVolumeClaim, "
                             "configMap, secret or emptyDir (other volume types are not allowed)")
         mp = str(v["mountPath"]).rstrip("/") or "/"
-        for reserved in RESERVED_MOUNTS:
+        for reserved in (*RESERVED_MOUNTS, *((CACHE_MOUNT,) if cache else ())):
             if mp == reserved or mp.startswith(reserved + "/") or reserved.startswith(mp + "/") or mp == "/":
                 raise SpecError(f"spec.podTemplate.volumes[{i}].mountPath",
                                 f"{v['mountPath']} overlaps {reserved}, which the operator mounts; pick another path")
         volumes.append(ExtraVolume(name=v["name"], mount_path=v["mountPath"],
                                    read_only=bool(v.get("readOnly", False)), source=sources))
     names = [v.name for v in volumes]
-    if len(set(names)) != len(names) or {"config", "output", "shm", "tmp"} & set(names):
-        raise SpecError("spec.podTemplate.volumes", "volume names must be unique and not one of config, "
-                        "output, shm, tmp (used by the operator)")
+    if len(set(names)) != len(names) or set(OPERATOR_VOLUMES) & set(names):
+        raise SpecError("spec.podTemplate.volumes", "volume names must be unique and not one of "
+                        f"{', '.join(OPERATOR_VOLUMES)} (used by the operator)")
     pod_template = PodTemplate(
         labels=dict(_get(pt, "labels", {})), annotations=dict(_get(pt, "annotations", {})),
         node_selector=dict(_get(pt, "nodeSelector", {})), tolerations=tuple(_get(pt, "tolerations", ())),
@@ -305,9 +381,8 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     for k in pod_template.labels:
         if k.startswith("finetune.dev/"):
             raise SpecError(f"spec.podTemplate.labels['{k}']", "the finetune.dev/ prefix is reserved; rename it")
-    nodes = int(_get(spec, "nodes", 1))
     return JobSpec(
-        model=model, dataset=dataset, output=Output(claim_name=out["claimName"], path=out.get("path")),
+        model=model, dataset=dataset, output=output,
         task=_get(spec, "task", "sequence-classification"), training=training,
         acceleration=_get(spec, "acceleration", "auto"), nodes=nodes, procs_per_node=int(procs),
         gpus_per_node=gpus, resources=resources, image=spec.get("image"),
@@ -320,7 +395,9 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         termination_grace_period_seconds=int(_get(spec, "terminationGracePeriodSeconds", 120)),
         rendezvous_timeout_seconds=int(_get(spec, "rendezvousTimeoutSeconds", 300)),
         shm_size=str(_get(spec, "shmSize", "1Gi")), queue_name=spec.get("queueName"),
-        pod_template=pod_template,
+        pod_template=pod_template, cache=cache,
+        network=Network(host_network=bool(net.get("hostNetwork", False)), rdma=bool(net.get("rdma", False))),
+        pod_disruption_budget=bool((_get(spec, "podDisruptionBudget", {})).get("enabled", False)),
     )
 
 

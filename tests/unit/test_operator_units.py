@@ -214,7 +214,7 @@ def test_failure_restarts_whole_gang_and_waits_for_old_pods() -> None:
 
 def test_layering_builders_and_decisions_do_no_io() -> None:
     """builders, reconcile, spec, failures never import the API client or kopf (STYLE: pure layers)."""
-    pure = ["builders", "reconcile", "spec", "failures", "settings"]
+    pure = ["builders", "reconcile", "spec", "failures", "settings", "admission", "guardrails"]
     for mod in pure:
         tree = ast.parse((ROOT / "operator" / "finetune_operator" / f"{mod}.py").read_text())
         imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -349,13 +349,13 @@ def test_api_rejections_become_conditions_not_retry_loops() -> None:
 @pytest.mark.parametrize(("value", "ok"), [("16Gi", True), ("500m", True), (2, True), ("1.5", True), ("1e3", True),
                                           ("1x", False), ("Gi", False), ("16 Gi", False)])
 def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # type: ignore[no-untyped-def]
-    spec = base_spec(resources={"limits": {"memory": value}})
+    spec = base_spec(resources={"limits": {"cpu": value}})
     if ok:
         parse_spec(spec)
     else:
         with pytest.raises(SpecError) as e:
             parse_spec(spec)
-        assert e.value.field == "spec.resources.limits['memory']"
+        assert e.value.field == "spec.resources.limits['cpu']"
 
 
 @pytest.mark.parametrize(("spec_over", "settings", "reason", "words"), [
