@@ -271,7 +271,9 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         },
     }
     if spec.resources:
-        container["resources"] = spec.resources
+        # Quantities as strings: the CRD accepts `nvidia.com/gpu: 8`, a Pod's ResourceList wants "8".
+        container["resources"] = {section: {k: str(v) for k, v in values.items()}
+                                  for section, values in spec.resources.items()}
 
     pod_spec: dict[str, Any] = {
         "hostname": name,

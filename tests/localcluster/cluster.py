@@ -51,6 +51,9 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "resourcequota-controller",
     "clusterrole-aggregation-controller",
+    "disruption-controller",  # PodDisruptionBudget status, which the Eviction API checks
+    "persistentvolumeclaim-protection-controller",  # removes kubernetes.io/pvc-protection once no pod uses a claim
+    "persistentvolume-protection-controller",
 )
 SERVICE_CIDR = "10.96.0.0/16"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")

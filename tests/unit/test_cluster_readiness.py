@@ -216,3 +216,11 @@ def test_shared_cache_is_mounted_and_named_in_the_config() -> None:
         parse_spec(spec_dict(cache={"claimName": "hf"}, podTemplate={"volumes": [
             {"name": "x", "mountPath": "/cache/extra", "emptyDir": {}}]}))
     assert e.value.field == "spec.podTemplate.volumes[0].mountPath"
+
+
+def test_integer_quantities_reach_the_pod_as_strings() -> None:
+    """The CRD accepts `nvidia.com/gpu: 8`; the Pod API's ResourceList takes quantity strings (the Python client
+    refuses an int before sending), which crashed every pass of a GPU job until found by the scheduling tests."""
+    spec = parse_spec(spec_dict(resources={"limits": {"nvidia.com/gpu": 8, "memory": "64Gi"}, "requests": {"cpu": 4}}))
+    res = build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]["resources"]
+    assert res == {"limits": {"nvidia.com/gpu": "8", "memory": "64Gi"}, "requests": {"cpu": "4"}}
