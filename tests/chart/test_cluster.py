@@ -60,6 +60,10 @@ OPERATOR_RULES = {
     ("", "services", "create"),
     ("", "configmaps", "create"),
     ("", "events", "create"),
+    ("", "persistentvolumeclaims", "get"),
+    ("", "persistentvolumeclaims", "create"),
+    ("policy", "poddisruptionbudgets", "create"),
+    ("policy", "poddisruptionbudgets", "delete"),
 }
 PEERING_VERBS = ("get", "list", "watch", "patch")
 
@@ -339,6 +343,10 @@ MUST = [
     ("create", "services"),
     ("create", "configmaps"),
     ("create", "events"),
+    ("get", "persistentvolumeclaims"),
+    ("create", "persistentvolumeclaims"),
+    ("create", "poddisruptionbudgets.policy"),
+    ("delete", "poddisruptionbudgets.policy"),
     ("get", "finetunejobs.finetune.dev"),
     ("list", "finetunejobs.finetune.dev"),
     ("watch", "finetunejobs.finetune.dev"),
@@ -358,6 +366,9 @@ MUST_NOT = [
     ("create", "pods/exec"),
     ("create", "pods/eviction"),
     ("get", "pods/log"),
+    ("delete", "persistentvolumeclaims"),
+    ("list", "persistentvolumeclaims"),
+    ("update", "poddisruptionbudgets.policy"),
     ("get", "configmaps"),
     ("delete", "configmaps"),
     ("get", "services"),
@@ -372,6 +383,7 @@ MUST_NOT = [
 ]
 CLUSTER_MUST_NOT = [
     ("list", "nodes"),
+    ("get", "persistentvolumes"),
     ("create", "namespaces"),
     ("delete", "namespaces"),
     ("create", "clusterroles.rbac.authorization.k8s.io"),

@@ -95,6 +95,15 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [create]
+# Output claims: read (access-mode check before an attempt starts) and created from spec.output.volumeClaimTemplate;
+# never deleted by the operator (owner references, or kept with reclaimPolicy Retain).
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create]
+# The opt-in PodDisruptionBudget of a running gang (spec.podDisruptionBudget), deleted when the job stops.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, delete]
 # Events on FineTuneJobs (the operator's and kopf's).
 - apiGroups: [""]
   resources: [events]
