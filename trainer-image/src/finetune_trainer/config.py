@@ -158,6 +158,7 @@ class Config:
     acceleration: Acceleration = "auto"
     metrics_port: int = 9400
     preflight_timeout_seconds: int = 300
+    cache_path: str | None = None  # the shared Hugging Face cache (HF_HOME); None: each pod downloads on its own
 
     @property
     def checkpoints_dir(self) -> str:
@@ -325,6 +326,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
 
     metrics = raw.get("metrics") or {}
     preflight = raw.get("preflight") or {}
+    cache = raw.get("cache") or {}
     return Config(
         config_version=raw["configVersion"],
         job=JobRef(name=raw["job"]["name"], namespace=raw["job"]["namespace"]),
@@ -336,6 +338,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
         acceleration=raw.get("acceleration", "auto"),
         metrics_port=metrics.get("port", 9400),
         preflight_timeout_seconds=preflight.get("timeoutSeconds", 300),
+        cache_path=cache.get("path"),
     )
 
 

@@ -2,11 +2,14 @@
 
 1. read the config (``$FINETUNE_CONFIG``) and the env contract; validate config and dataset *before* torchrun,
    because torchrun turns every worker failure into exit 1;
-2. distributed preflight (rank 0 resolves its own address; other ranks wait until they can connect to it);
-3. run ``python -m torch.distributed.run -m finetune_trainer.worker`` (torchrun reads the ``PET_*`` variables);
-4. exit with a documented code and, on failure, write ``{"reason", "message"}`` to the termination log.
+2. with a shared Hugging Face cache (config ``cache``), fill it once from node rank 0 while the other ranks wait
+   for its ready marker (``hfcache``); the workers then run with the Hub offline;
+3. distributed preflight (rank 0 resolves its own address; other ranks wait until they can connect to it);
+4. run ``python -m torch.distributed.run -m finetune_trainer.worker`` (torchrun reads the ``PET_*`` variables);
+5. exit with a documented code and, on failure, write ``{"reason", "message"}`` to the termination log.
 
-Exit codes: 0 success; 78 configuration or data error (never retried); 75 rendezvous/preflight timeout;
+Exit codes: 0 success; 78 configuration or data error (never retried: also a Hub model or dataset that does not
+exist or cannot be read); 75 rendezvous/preflight timeout (also: node rank 0's cache fill did not finish in time);
 143 stopped by SIGTERM (after a collective checkpoint when possible); 1 anything else (training crash).
 """
 
@@ -23,7 +26,7 @@ import tempfile
 import time
 from typing import Any
 
-from finetune_trainer import errors
+from finetune_trainer import errors, hfcache
 from finetune_trainer.config import Config, load_config
 from finetune_trainer.env import RunEnv, read_env
 from finetune_trainer.errors import ConfigError, RendezvousTimeout
@@ -96,9 +99,11 @@ def torchrun_command(config: Config) -> list[str]:
     ]  # fmt: skip
 
 
-def worker_env(run: RunEnv, launch_time: float, error_file: str) -> dict[str, str]:
+def worker_env(run: RunEnv, launch_time: float, error_file: str, *, cache_path: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("WORLD_SIZE", None)  # torchrun computes it for its workers
+    if cache_path:
+        hfcache.apply_cache_env(env, cache_path, offline=True)  # workers read only what the launcher fetched
     env.update(
         {
             "PET_NNODES": str(run.nnodes),
@@ -180,12 +185,24 @@ def run() -> int:
 
     try:
         config = load_config()
+        if config.cache_path:
+            # Before anything imports huggingface_hub or datasets: they read their cache paths at import.
+            hfcache.apply_cache_env(os.environ, config.cache_path, offline=False)
         run_env = read_env(original_env, job_name=config.job.name, namespace=config.job.namespace)
         import torch
 
         validate(config, run_env, cuda_available=torch.cuda.is_available())
     except ConfigError as e:
         return _fail(errors.EXIT_CONFIG_ERROR, str(e))
+
+    try:
+        hfcache.prepare(config, run_env)
+    except ConfigError as e:
+        return _fail(errors.EXIT_CONFIG_ERROR, str(e))
+    except RendezvousTimeout as e:
+        return _fail(errors.EXIT_RENDEZVOUS_TIMEOUT, str(e))
+    except hfcache.HubUnavailable as e:
+        return _fail(errors.EXIT_TRAINING_ERROR, str(e))
 
     try:
         waited = preflight(config, run_env)
@@ -200,7 +217,8 @@ def run() -> int:
         error_file = os.path.join(tmp, "error.json")
         cmd = torchrun_command(config)
         log.info("starting: %s", " ".join(cmd))
-        forwarder.proc = subprocess.Popen(cmd, env=worker_env(run_env, launch_time, error_file))
+        env = worker_env(run_env, launch_time, error_file, cache_path=config.cache_path)
+        forwarder.proc = subprocess.Popen(cmd, env=env)
         rc = forwarder.proc.wait()
         message = read_error_file(error_file)
 
