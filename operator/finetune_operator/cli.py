@@ -28,7 +28,7 @@ def _peering_priority() -> int:
 class PeeringGate:
     """Reads kopf's peering object at most every few seconds; a failed read keeps the last answer."""
 
-    def __init__(self, kube: Any, namespace: str | None, priority: int, every: float = 5.0) -> None:
+    def __init__(self, kube: Any, namespace: str | None, priority: int, every: float = 1.0) -> None:
         self.kube, self.namespace, self.priority, self.every = kube, namespace, priority, every
         self._at, self._answer = float("-inf"), False
 
@@ -76,7 +76,8 @@ def run_operator(args: argparse.Namespace) -> int:
     priority = _priority
     try:
         asyncio.run(kopf.operator(
-            registry=build_registry(controller, peering_priority=priority),
+            registry=build_registry(controller, peering_priority=priority,
+                                    peering_lifetime=settings.peering_lifetime_seconds, on_cleanup=stop.set),
             standalone=args.standalone,
             priority=priority,
             # A peering name makes peering mandatory in kopf: only when not standalone.

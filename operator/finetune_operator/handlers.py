@@ -8,6 +8,7 @@ the Controller's own loop, because kopf timers would add a finalizer.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -18,7 +19,7 @@ from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
 log = logging.getLogger(__name__)
 
 
-def configure_kopf(settings: kopf.OperatorSettings, *, peering_priority: int) -> None:
+def configure_kopf(settings: kopf.OperatorSettings, *, peering_priority: int, peering_lifetime: int = 60) -> None:
     """kopf's own bookkeeping lives under finetune.dev, and a stalled watch is re-established."""
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -31,11 +32,14 @@ def configure_kopf(settings: kopf.OperatorSettings, *, peering_priority: int) ->
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.peering.priority = peering_priority
+    # How long a crashed active replica's entry blocks the standby (crash fail-over time; docs/benchmarks.md).
+    settings.peering.lifetime = peering_lifetime
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 8
 
 
-def build_registry(controller: Controller, *, peering_priority: int = 0) -> kopf.OperatorRegistry:
+def build_registry(controller: Controller, *, peering_priority: int = 0, peering_lifetime: int = 60,
+                   on_cleanup: Callable[[], None] | None = None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -45,7 +49,14 @@ def build_registry(controller: Controller, *, peering_priority: int = 0) -> kopf
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings, peering_priority=peering_priority)
+        configure_kopf(settings, peering_priority=peering_priority, peering_lifetime=peering_lifetime)
+
+    @kopf.on.cleanup(registry=registry)
+    def cleanup(**_: Any) -> None:
+        # Stop the backstop as soon as kopf starts to exit (before it leaves the peering), so a replica that is
+        # shutting down never reconciles after its successor took over.
+        if on_cleanup is not None:
+            on_cleanup()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def job_event(type: str, body: kopf.Body, **_: Any) -> None:

@@ -51,6 +51,7 @@ class Settings:
     restart_force_delete_after_seconds: int = 30  # beyond the grace period, for pods whose node is gone
     progress_interval_seconds: int = 15
     metrics_port: int = 8080
+    peering_lifetime_seconds: int = 60  # kopf peering: a crashed active replica blocks fail-over this long
     health_port: int = 8081
     run_as_user: int = 1000
     fs_group: int = 1000
@@ -74,6 +75,7 @@ class Settings:
             waiting_timeout_seconds=_int("FINETUNE_WAITING_TIMEOUT_SECONDS", cls.waiting_timeout_seconds),
             progress_interval_seconds=_int("FINETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds),
             metrics_port=_int("FINETUNE_METRICS_PORT", cls.metrics_port),
+            peering_lifetime_seconds=_int("FINETUNE_PEERING_LIFETIME_SECONDS", cls.peering_lifetime_seconds),
             health_port=_int("FINETUNE_HEALTH_PORT", cls.health_port),
             allowed_image_prefixes=_list("FINETUNE_ALLOWED_IMAGE_PREFIXES"),
             allowed_priority_classes=_list("FINETUNE_ALLOWED_PRIORITY_CLASSES"),

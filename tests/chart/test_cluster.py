@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -207,17 +208,18 @@ def _sa_kubeconfig(cluster: Any, rel: Release, path: Path) -> Path:
 class Operator:
     """`finetune operator` as a subprocess with the Deployment's args and env, authenticated as the chart's SA."""
 
-    def __init__(self, rel: Release, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, rel: Release, kubeconfig: Path, log: Path, *, pod: str = "0", priority: int = 100000) -> None:
         (c,) = one(rel.docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        self.image = str(c["image"])
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env |= {e["name"]: e["value"] for e in c["env"] if "value" in e}
         self.metrics_port, self.health_port = _free_port(), _free_port()
         env |= {
-            "POD_NAME": f"{rel.name}-0",
-            "POD_ID": f"{rel.name}-0",
+            "POD_NAME": f"{rel.name}-{pod}",
+            "POD_ID": f"{rel.name}-{pod}",
             "POD_NAMESPACE": rel.namespace,
             # above any stale peer a previous test session may have left in the peering object
-            "FINETUNE_PEERING_PRIORITY": "100000",
+            "FINETUNE_PEERING_PRIORITY": str(priority),
             "FINETUNE_METRICS_PORT": str(self.metrics_port),
             "FINETUNE_HEALTH_PORT": str(self.health_port),
             "FINETUNE_RESYNC_SECONDS": "2",
@@ -609,3 +611,74 @@ def test_namespaced_scope_install_and_run(
         for w in (a, b):
             cluster.run_kubectl("delete", "ftj", "--all", "-n", w, "--ignore-not-found", check=False)
         _delete_ns(cluster, ns, a, b, unwatched)
+
+
+def test_helm_upgrade_mid_job_new_operator_adopts_the_running_gang(
+    cluster: Any, helm: Helm, tmp_path: Path, dump_on_failure: dict[str, Any]
+) -> None:
+    """A rolling upgrade of the operator (new image, new settings) while a 2-node job runs: the new replica takes
+    over through peering, keeps the running pods (same UIDs, same attempt, no restart) and carries the job to
+    Succeeded. The operator replicas run as subprocesses with the env of the Deployment each Helm revision
+    renders (no kubelet here to run the Deployment's pods); the trainer pods' status is written by a stand-in
+    kubelet, which cannot exist on these machines."""
+    from kubernetes import client, config
+
+    from tests.integration.harness import FakeKubelet
+
+    ns, work = _ns(cluster, "fo-sys"), _ns(cluster, "fo-up")
+    name = f"fo-{uuid.uuid4().hex[:4]}"
+    old = new = None
+    try:
+        v1 = {"image": {"tag": "0.1.0"}, "rbac": {"scope": "namespaced", "watchNamespaces": [work]}}
+        rel1 = Release(name, ns, v1, _install(cluster, helm, name, v1, ns=ns, tmp=tmp_path), [work], "")
+        dump_on_failure["rel"] = rel1
+        kc = _sa_kubeconfig(cluster, rel1, tmp_path / "sa.kubeconfig")
+        old = Operator(rel1, kc, tmp_path / "operator-old.log", pod="old", priority=100000)
+        dump_on_failure["op"] = old
+        assert old.image.endswith(":0.1.0")
+        cluster.run_kubectl("apply", "-n", work, "-f", "-", input=json.dumps(SMOKE_JOB))
+        wait_for(lambda: old.alive() and _pods(cluster, work, "smoke") == ["smoke-node-0", "smoke-node-1"],
+                 timeout=120, what="the old operator to create the gang")
+        api = config.new_client_from_config(config_file=cluster.kubeconfig)
+        kubelet, core = FakeKubelet(api, work), client.CoreV1Api(api)
+        for pod in ("smoke-node-0", "smoke-node-1"):
+            kubelet.run(pod)
+
+        def status() -> dict[str, Any]:
+            return dict(json.loads(cluster.run_kubectl("get", "ftj", "smoke", "-n", work, "-o", "json"))["status"])
+
+        wait_for(lambda: status().get("state") == "Running", timeout=60, what="the job Running under the old operator")
+        uids = {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(work).items}
+
+        v2 = {**v1, "image": {"tag": "0.2.0"}, "operator": {"resyncSeconds": 5}}
+        vf = tmp_path / "v2.yaml"
+        vf.write_text(yaml.safe_dump(v2))
+        helm.run("upgrade", name, str(ROOT / "charts" / "finetune-operator"), f"--namespace={ns}", f"--values={vf}",
+                 kubeconfig=cluster.kubeconfig)
+        docs2 = docs_of(helm.run("get", "manifest", name, f"--namespace={ns}", kubeconfig=cluster.kubeconfig).stdout)
+        rel2 = Release(name, ns, v2, docs2, [work], "")
+        # RollingUpdate: the new replica starts while the old one runs, then the old one gets SIGTERM
+        new = Operator(rel2, kc, tmp_path / "operator-new.log", pod="new", priority=100001)
+        dump_on_failure["op"] = new
+        assert new.image.endswith(":0.2.0")
+        wait_for(lambda: new.alive() and "Pausing operations in favour of" in old.text(), timeout=90,
+                 what="the old replica to pause in favour of the new one (peering)")
+        old.stop()
+        _assert_clean_log(old)
+        time.sleep(3)  # a few backstop passes of the new operator (resync every 5 s in v2)
+        st = status()
+        assert (st["state"], st["attempt"], st["restarts"]) == ("Running", 0, 0), st
+        assert {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(work).items} == uids
+        for pod in ("smoke-node-0", "smoke-node-1"):
+            kubelet.exit(pod, 0)
+        wait_for(lambda: new.alive() and status().get("state") == "Succeeded", timeout=60,
+                 what="the new operator to finish the adopted job")
+        assert "smoke: Running -> Succeeded" in new.text()
+        _assert_clean_log(new)
+    finally:
+        for op in (old, new):
+            if op:
+                op.stop()
+        helm.run("uninstall", name, f"--namespace={ns}", kubeconfig=cluster.kubeconfig, check=False)
+        cluster.run_kubectl("delete", "ftj", "--all", "-n", work, "--ignore-not-found", check=False)
+        _delete_ns(cluster, ns, work)

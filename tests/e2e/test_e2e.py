@@ -9,6 +9,7 @@ duration is asserted.
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import Any
 
@@ -100,6 +101,31 @@ def test_killed_rank_gang_restarts_and_resumes_from_checkpoint(e2e: E2E) -> None
     assert {p.metadata.labels["finetune.dev/attempt"] for p in pods} == {"1"}, [p.metadata.name for p in pods]
     # The restart threw away at most one checkpoint interval of work (what was trained since the checkpoint).
     assert 0 <= st["progress"]["stepsLostToRestarts"] <= INTERVAL, st
+
+
+def test_eviction_checkpoints_on_sigterm_and_restarts_without_counting(e2e: E2E) -> None:
+    """`kubectl drain` evicts rank 1 through the Eviction API mid-epoch: the node agent sends SIGTERM, the ranks
+    agree to stop, save a checkpoint at that step and exit 143; the operator restarts the gang without counting it
+    (maxRestarts 0), and attempt 1 resumes from exactly that SIGTERM checkpoint."""
+    e2e.jobs.create(tiny_job("drained", terminationGracePeriodSeconds=60, maxRestarts=0, **LONG))
+    first = wait_for(lambda: e2e.complete_checkpoints("drained"), timeout=TRAIN_TIMEOUT,
+                     what="a complete checkpoint", interval=0.5)[-1]
+    e2e.jobs.core.create_namespaced_pod_eviction("drained-node-1", e2e.namespace, {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "drained-node-1", "namespace": e2e.namespace}})
+    assert not (e2e.output_dir("drained") / "result.json").exists(), "training finished before the eviction"
+
+    st = _wait_terminal(e2e, "drained", TRAIN_TIMEOUT)
+    assert st["state"] == "Succeeded", st
+    assert (st["restarts"], st["disruptions"]) == (0, 1), st
+    assert st["failure"]["reason"] == "Evicted", st["failure"]
+    logs = "".join(f.read_text(errors="replace") for f in (e2e.agent.state_dir / "logs").glob(f"{e2e.namespace}_*"))
+    stopped = {int(m) for m in re.findall(r"stopped on SIGTERM at step (\d+) after saving a checkpoint", logs)}
+    assert len(stopped) == 1, stopped  # every rank stopped at the same agreed step
+    (step,) = stopped
+    result = e2e.result("drained")
+    assert step >= first and result["resumed_from_step"] == step, (step, result)
+    assert result["steps"] == LONG["training.maxSteps"]
 
 
 def test_missing_dataset_fails_at_once_with_config_error(e2e: E2E) -> None:
