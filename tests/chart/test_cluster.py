@@ -380,7 +380,6 @@ MUST_NOT = [
     ("create", "jobs.batch"),
     ("create", "roles.rbac.authorization.k8s.io"),
     ("create", "rolebindings.rbac.authorization.k8s.io"),
-    ("create", "persistentvolumeclaims"),
     ("delete", "events"),
 ]
 CLUSTER_MUST_NOT = [
