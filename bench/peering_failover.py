@@ -28,7 +28,7 @@ create them):
    replacement replica (a new pod name) then joins and the single-active check of step 3 runs again.
 
 What sets the crash figure: a standby resumes only when the dead replica's peering entry expires, at its
-latest keep-alive (``lastseen``) + kopf's ``settings.peering.lifetime`` (60 s; the operator does not set it).
+latest keep-alive (``lastseen``) + the peering lifetime (``peering.lifetimeSeconds``, default 60 s).
 Replicas re-announce every lifetime - 5..10 s, so a crash at a random moment costs between ~5 and 60 s.
 Here the kill comes a few seconds after the victim's latest keep-alive (every replica announces itself when it
 starts, and the victim started shortly before), i.e. near the worst case; the ``hb age`` column shows how
@@ -73,7 +73,7 @@ GROUP, VERSION, PLURAL = "finetune.dev", "v1alpha1", "finetunejobs"
 LABEL_JOB = "finetune.dev/job-name"
 PEERING = "finetune-operator"  # fixed by the operator (cli.py: peering_name)
 PEERING_PATH = f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings/{PEERING}"
-KOPF_DEFAULT_LIFETIME = 60  # kopf PeeringSettings.lifetime; the operator does not set it (handlers.configure_kopf)
+KOPF_DEFAULT_LIFETIME = 60  # the operator's default peering lifetime (chart value peering.lifetimeSeconds)
 PASSES = "finetune_operator_reconcile_duration_seconds_count"  # one per reconcile pass
 GATE_SECONDS = 5.0  # cli.PeeringGate(every=5.0): how often a replica's own backstop re-reads the peering object
 CASES = {
@@ -83,19 +83,6 @@ CASES = {
 }
 T = TypeVar("T")
 
-# Runs the operator's own CLI with kopf's settings.peering.lifetime overridden (--lifetime only): the
-# operator has no setting for it, and this benchmark must not change the operator's code.
-LIFETIME_LAUNCHER = """
-import os, sys
-import finetune_operator.handlers as h
-_configure = h.configure_kopf
-def configure_kopf(settings, **kw):
-    _configure(settings, **kw)
-    settings.peering.lifetime = int(os.environ["BENCH_PEERING_LIFETIME"])
-h.configure_kopf = configure_kopf
-from finetune_operator.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def peering_priority(pod_name: str) -> int:
@@ -275,12 +262,8 @@ class Replica:
         for k in ("KUBECONFIG", "FINETUNE_WATCH_NAMESPACES", "FINETUNE_PEERING_PRIORITY"):
             env.pop(k, None)
         if self.args.lifetime:
-            env["BENCH_PEERING_LIFETIME"] = str(self.args.lifetime)
-            # The launcher imports the kubernetes client before the CLI can point KUBECONFIG at --kubeconfig.
-            env["KUBECONFIG"] = self.kubeconfig
-            entry = ["-c", LIFETIME_LAUNCHER]
-        else:
-            entry = ["-m", "finetune_operator.cli"]
+            env["FINETUNE_PEERING_LIFETIME_SECONDS"] = str(self.args.lifetime)  # the chart's peering.lifetimeSeconds
+        entry = ["-m", "finetune_operator.cli"]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, *entry, "operator", "--kubeconfig", self.kubeconfig, "--namespace", NAMESPACE,
@@ -631,8 +614,8 @@ def report(b: Bench, args: argparse.Namespace, command: str, meta: dict[str, Any
         lag = {k: v for k, v in c["paused_replica_passes_before_probe"].items() if v}
         lines.append(f"  {c['label']:16} active {c['expected_active']:40} passes {c['reconcile_passes']}"
                      + (f"; a paused replica's passes before the probe: {lag}" if lag else ""))
-    how_lifetime = ("--lifetime, via a launcher: an experiment, not the operator as shipped" if args.lifetime
-                    else "kopf's default; the operator does not set settings.peering.lifetime")
+    how_lifetime = ("--lifetime: FINETUNE_PEERING_LIFETIME_SECONDS = peering.lifetimeSeconds" if args.lifetime
+                    else "the default of peering.lifetimeSeconds")
     lines += [
         "",
         f"peering lifetime: {b.lifetime} s ({how_lifetime}); "
@@ -666,8 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resync-seconds", type=int, default=30,
                     help="the operator's backstop period (FINETUNE_RESYNC_SECONDS; the chart's default is 30)")
     ap.add_argument("--lifetime", type=int, default=0,
-                    help="experiment: run the replicas with kopf's settings.peering.lifetime set to this many "
-                         "seconds (the operator has no setting for it; default: as shipped, kopf's 60 s)")
+                    help="run the replicas with this peering lifetime (FINETUNE_PEERING_LIFETIME_SECONDS, the chart's "
+                         "peering.lifetimeSeconds; default: as shipped, 60 s)")
     ap.add_argument("--crash-heartbeat-age", type=float, default=0,
                     help="crash only when the active replica's latest keep-alive is this many seconds old "
                          "(default: at once, a few seconds after it)")
