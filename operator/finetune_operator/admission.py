@@ -35,8 +35,10 @@ class Observed:
 
 
 def claims_to_check(job: str, spec: JobSpec) -> list[tuple[str, str]]:
-    """(field, claim name) of the existing claims a job mounts read-write and that all its nodes share."""
-    out = [] if spec.output.template is not None else [("spec.output.claimName", output_claim_name(job, spec))]
+    """(field, claim name) of the claims a job mounts read-write and that all its nodes share. The template's
+    claim is checked too: ``<job>-output`` may already exist (retained from an earlier job of the same name)."""
+    field_path = "spec.output.claimName" if spec.output.template is None else "spec.output.volumeClaimTemplate"
+    out = [(field_path, output_claim_name(job, spec))]
     if spec.cache is not None:
         out.append(("spec.cache.claimName", spec.cache.claim_name))
     return out

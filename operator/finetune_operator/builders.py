@@ -302,13 +302,16 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         pod_spec["nodeSelector"] = dict(pt.node_selector)
     if pt.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in pt.tolerations]
-    if pt.affinity:
-        pod_spec["affinity"] = pt.affinity
-    elif spec.nodes > 1 and spec.gpus_per_node > 0:
-        # One trainer per machine for multi-node GPU jobs: two ranks on one node would fight for its GPUs.
-        pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+    affinity = dict(pt.affinity or {})
+    if spec.nodes > 1 and spec.gpus_per_node > 0 and not spec.mig and "podAntiAffinity" not in affinity:
+        # One trainer per machine for multi-node GPU jobs (whole GPUs): ranks on one node would share its PCIe
+        # and network and turn a node failure into several rank failures. A user's own podAntiAffinity wins;
+        # their node affinity (a GPU model, a zone) is kept alongside.
+        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": selector_labels(ref.name)},
-            "topologyKey": "kubernetes.io/hostname"}]}}
+            "topologyKey": "kubernetes.io/hostname"}]}
+    if affinity:
+        pod_spec["affinity"] = affinity
     if pt.priority_class_name:
         pod_spec["priorityClassName"] = pt.priority_class_name
     if pt.scheduler_name:

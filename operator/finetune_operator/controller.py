@@ -163,7 +163,8 @@ class Controller:
                 if e.status not in (400, 403, 422):
                     raise
                 what = f"{obj['kind']} {obj['metadata']['name']}"
-                plan = create_rejected(job, what=what, code=int(e.status), message=_api_message(e), now=self.clock())
+                plan = create_rejected(job, what=what, code=int(e.status), message=_api_message(e), now=self.clock(),
+                                       pods=self.kube.list_pods(namespace, name))
                 break
             if created and obj["kind"] == "Pod":
                 self.metrics.pods_created.inc()

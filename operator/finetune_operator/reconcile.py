@@ -479,9 +479,11 @@ def _clean(plan: Plan) -> Plan:
     return plan
 
 
-def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, now: datetime) -> Plan:
+def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, now: datetime,
+                    pods: list[dict[str, Any]] | None = None) -> Plan:
     """The API server refused a child the spec produced. A quota refusal waits and retries; anything else
-    (an invalid pod, a Pod Security violation) is an InvalidSpec: the job fails instead of retrying forever."""
+    (an invalid pod, a Pod Security violation) is an InvalidSpec: the job fails instead of retrying forever.
+    ``pods``: the job's pods as they are now (the ranks created before the refusal among them)."""
     gen = int(job["metadata"].get("generation", 1))
     old = job.get("status") or {}
     st = copy.deepcopy(old)
@@ -491,9 +493,18 @@ def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, 
     # Any quota refusal is transient: "exceeded quota", and also "status unknown for quota" while the quota
     # controller has not yet counted a new ResourceQuota.
     if code == 403 and "quota" in message:
+        # A gang is all or nothing: the ranks created before the refusal would hold quota and GPUs, wait for a
+        # rank 0 / peers that cannot come, and count against the quota the rest of the gang needs. They go.
+        attempt = str(old.get("attempt", 0))
+        mine = [p for p in pods or [] if _owned_by(p, job["metadata"]["uid"])
+                and p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == attempt]
+        plan.delete = _delete_all(mine, now=now, settings=Settings())
         return _wait_quota(plan, old, text, now=now, gen=gen)
     if "PodSecurity" in message:
         text = (f"{text} — a job with spec.network.hostNetwork or spec.network.rdma needs a namespace labelled "
                 "pod-security.kubernetes.io/enforce=privileged (docs/operations.md, GPU networking)")[:1024]
     # The pods created before the refusal are deleted by the next pass, which finds the job finished.
-    return _refuse(plan, job, [], reason="InvalidSpec", message=text, now=now, settings=Settings())
+    plan = _refuse(plan, job, [], reason="InvalidSpec", message=text, now=now, settings=Settings())
+    if ((job.get("spec") or {}).get("podDisruptionBudget") or {}).get("enabled"):
+        plan.delete_objects.append(("PodDisruptionBudget", job["metadata"]["name"]))
+    return plan

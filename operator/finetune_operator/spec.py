@@ -174,6 +174,7 @@ class JobSpec:
     nodes: int = 1
     procs_per_node: int = 1
     gpus_per_node: int = 0
+    mig: bool = False  # the GPU is one MIG slice (several pods may share a physical GPU's node)
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)
     image: str | None = None
     image_pull_policy: str | None = None
@@ -223,23 +224,31 @@ def _check_quantity(field_path: str, value: Any) -> None:
     raise SpecError(field_path, f"{value!r} is not a Kubernetes quantity; write it like 16Gi, 500m or 2")
 
 
-def _gpus(resources: dict[str, dict[str, Any]]) -> int:
-    """GPUs per node: ``nvidia.com/gpu`` plus MIG slices (``nvidia.com/mig-*``), limits first (as the device
-    plugin's extended resources: requests, when given, must equal limits)."""
+def _gpus(resources: dict[str, dict[str, Any]]) -> tuple[int, bool]:
+    """(GPUs per node, whether they are MIG slices): ``nvidia.com/gpu``, or one MIG slice (``nvidia.com/mig-*``),
+    limits first (extended resources: requests, when given, must equal limits).
+
+    A CUDA process enumerates a single MIG device, so a trainer pod gets at most one slice and runs one process;
+    more slices mean more pods (``spec.nodes``)."""
     for section in ("limits", "requests"):
         values = resources.get(section) or {}
         names = [k for k in values if k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)]
         if not names:
             continue
-        total = 0
+        counts = {}
         for name in names:
             try:
-                total += int(str(values[name]))
+                counts[name] = int(str(values[name]))
             except ValueError as e:
                 raise SpecError(f"spec.resources.{section}['{name}']",
                                 f"must be a whole number of GPUs, got {values[name]!r}") from e
-        return total
-    return 0
+        mig = [n for n in names if n.startswith(MIG_RESOURCE_PREFIX) and counts[n]]
+        if mig and (len(mig) > 1 or counts[mig[0]] > 1 or counts.get(GPU_RESOURCE)):
+            raise SpecError(f"spec.resources.{section}['{mig[0]}']",
+                            "a trainer pod takes at most one MIG slice (and no whole GPUs with it): a CUDA process "
+                            "sees a single MIG device; ask for more slices with spec.nodes")
+        return sum(counts.values()), bool(mig)
+    return 0, False
 
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
@@ -330,7 +339,7 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         raise SpecError("spec.shmSize", f"{shm} is not below the memory limit {memory} "
                         "(spec.resources.limits.memory), and /dev/shm counts against it; lower shmSize or raise "
                         "the limit")
-    gpus = _gpus(resources)
+    gpus, mig = _gpus(resources)
     procs = spec.get("procsPerNode")
     if procs is None:
         procs = gpus or 1
@@ -385,7 +394,7 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         model=model, dataset=dataset, output=output,
         task=_get(spec, "task", "sequence-classification"), training=training,
         acceleration=_get(spec, "acceleration", "auto"), nodes=nodes, procs_per_node=int(procs),
-        gpus_per_node=gpus, resources=resources, image=spec.get("image"),
+        gpus_per_node=gpus, mig=mig, resources=resources, image=spec.get("image"),
         image_pull_policy=spec.get("imagePullPolicy"), env=env,
         hf_token=SecretKeyRef(name=tok["name"], key=_get(tok, "key", "token")) if tok else None,
         max_restarts=int(_get(spec, "maxRestarts", 3)),

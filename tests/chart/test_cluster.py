@@ -10,7 +10,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -664,7 +663,15 @@ def test_helm_upgrade_mid_job_new_operator_adopts_the_running_gang(
                  what="the old replica to pause in favour of the new one (peering)")
         old.stop()
         _assert_clean_log(old)
-        time.sleep(3)  # a few backstop passes of the new operator (resync every 5 s in v2)
+
+        def new_passes() -> float:
+            page = new.get(new.metrics_port, "/metrics")
+            m = re.search(r"^finetune_operator_reconcile_duration_seconds_count (\S+)$", page, re.M)
+            return float(m.group(1)) if m else 0.0
+
+        seen = new_passes()
+        wait_for(lambda: new.alive() and new_passes() >= seen + 2, timeout=60,
+                 what="two reconcile passes of the new operator over the running job (backstop every 5 s in v2)")
         st = status()
         assert (st["state"], st["attempt"], st["restarts"]) == ("Running", 0, 0), st
         assert {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(work).items} == uids

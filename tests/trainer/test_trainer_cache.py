@@ -402,8 +402,37 @@ def test_wait_for_marker_times_out_naming_marker_and_rank_0(tmp_path: Path) -> N
     path = str(tmp_path / "finetune-ready" / "x.json")
     with pytest.raises(RendezvousTimeout) as e:
         hfcache.wait_for_marker(path, make_plan(), timeout_s=30, clock=lambda: now[0], sleep=sleep)
-    assert path in str(e.value) and "rank 0" in str(e.value) and "spec.preflight.timeoutSeconds" in str(e.value)
+    assert path in str(e.value) and "rank 0" in str(e.value) and "spec.rendezvousTimeoutSeconds" in str(e.value)
     assert now[0] == pytest.approx(30) and max(sleeps) <= 5.0
+
+
+def test_wait_for_marker_waits_while_rank_0_downloads(tmp_path: Path) -> None:
+    """A first download longer than the timeout is not a failure while rank 0's heartbeat is fresh; once the
+    heartbeat stops (rank 0 hung or gone), the timeout runs from the last sign of life."""
+    path = str(tmp_path / "finetune-ready" / "x.json")
+    os.makedirs(os.path.dirname(path))
+    beat = hfcache.heartbeat_path(path)
+    now = [0.0]  # both clocks: monotonic and wall
+
+    def sleep(s: float) -> None:
+        now[0] += s
+        if now[0] < 100:  # rank 0 beats for 100 s, then stops
+            open(beat, "a").close()
+            os.utime(beat, (now[0], now[0]))
+
+    with pytest.raises(RendezvousTimeout):
+        hfcache.wait_for_marker(path, make_plan(), timeout_s=30, clock=lambda: now[0], sleep=sleep,
+                                wall=lambda: now[0])
+    assert 100 + 30 <= now[0] <= 100 + hfcache.HEARTBEAT_FRESH + 30 + 5
+
+
+def test_heartbeat_touches_while_running_and_is_removed(tmp_path: Path) -> None:
+    beat = str(tmp_path / "m.json.fetching")
+    with hfcache.heartbeat(beat, every=0.05):
+        first = poll(lambda: os.path.exists(beat) and os.path.getmtime(beat), timeout=10, interval=0.01,
+                     what="the first heartbeat")
+        poll(lambda: os.path.getmtime(beat) > first, timeout=10, interval=0.01, what="a later heartbeat")
+    assert not os.path.exists(beat)
 
 
 def test_wait_for_marker_returns_once_rank_0_wrote_it(tmp_path: Path) -> None:

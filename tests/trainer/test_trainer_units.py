@@ -73,6 +73,19 @@ def test_newer_minor_version_with_unknown_field_is_accepted(tmp_path: Path) -> N
     assert parse_config(raw).config_version == "1.7"
 
 
+def test_a_1_0_trainer_accepts_the_1_1_config_with_a_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older trainer image (contract 1.0) meets a 1.1 config that names the shared cache (added in 1.1): it runs,
+    without the cache step, instead of failing on an unknown key."""
+    from finetune_trainer import config as config_module
+
+    monkeypatch.setattr(config_module, "SUPPORTED_MINOR", 0)
+    raw = valid(tmp_path, configVersion="1.1", cache={"path": "/cache/huggingface"})
+    assert parse_config(raw).config_version == "1.1"
+    monkeypatch.setattr(config_module, "SUPPORTED_MINOR", 1)
+    with pytest.raises(ConfigError):  # at its own minor, an unknown key is an error
+        parse_config(valid(tmp_path, configVersion="1.1", cacheTypo={"path": "/c"}))
+
+
 @pytest.mark.parametrize(
     ("override", "field"),
     [

@@ -181,14 +181,51 @@ def test_default_pod_is_restricted_and_opt_ins_change_only_what_they_name() -> N
     assert net["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] is True
 
 
-def test_mig_slices_count_as_gpus() -> None:
-    spec = parse_spec(spec_dict(nodes=2, resources={"limits": {"nvidia.com/mig-3g.40gb": 2}}))
-    assert (spec.procs_per_node, spec.gpus_per_node) == (2, 2)
+def test_one_mig_slice_per_pod_and_no_anti_affinity() -> None:
+    spec = parse_spec(spec_dict(nodes=3, resources={"limits": {"nvidia.com/mig-3g.40gb": 1}}))
+    assert (spec.procs_per_node, spec.gpus_per_node, spec.mig) == (1, 1, True)
     pod = build_pod(REF, spec, rank=1, attempt=0, settings=Settings())
-    assert "podAntiAffinity" in pod["spec"]["affinity"]
-    with pytest.raises(SpecError) as e:
-        parse_spec(spec_dict(procsPerNode=4, resources={"limits": {"nvidia.com/mig-1g.10gb": 2}}))
-    assert e.value.field == "spec.procsPerNode"
+    assert "affinity" not in pod["spec"]  # slices of one GPU may serve several ranks
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
+    for limits in ({"nvidia.com/mig-1g.10gb": 2}, {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1},
+                   {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/gpu": 1}):
+        with pytest.raises(SpecError) as e:
+            parse_spec(spec_dict(resources={"limits": limits}))
+        assert "MIG" in e.value.message and e.value.field.startswith("spec.resources.limits")
+
+
+def test_node_affinity_keeps_the_one_rank_per_node_rule() -> None:
+    node_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu.model", "operator": "In", "values": ["H200"]}]}]}}}
+    spec = parse_spec(spec_dict(nodes=2, resources=GPU, podTemplate={"affinity": node_affinity}))
+    affinity = build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == node_affinity["nodeAffinity"] and "podAntiAffinity" in affinity
+    own = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    spec = parse_spec(spec_dict(nodes=2, resources=GPU, podTemplate={"affinity": own}))
+    assert build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["affinity"] == own
+
+
+def test_quota_refusal_mid_gang_removes_the_ranks_already_created() -> None:
+    from finetune_operator.reconcile import create_rejected
+
+    created = {"metadata": {"name": "ft-node-0", "uid": "p0", "ownerReferences": [{"uid": "uid-1", "controller": True}],
+                            "labels": {"finetune.dev/attempt": "0", "finetune.dev/node-rank": "0"}}}
+    foreign = {"metadata": {"name": "ft-node-1", "uid": "p1", "ownerReferences": [{"uid": "other", "controller": True}],
+                            "labels": {"finetune.dev/attempt": "0"}}}
+    plan = create_rejected(job({"attempt": 0}), what="Pod ft-node-1", code=403, now=NOW, pods=[created, foreign],
+                           message='pods "ft-node-1" is forbidden: exceeded quota: gpus')
+    assert [d.name for d in plan.delete] == ["ft-node-0"] and plan.requeue_after == 30.0
+    assert plan.status["state"] == "Pending"
+    pss = create_rejected(job({"attempt": 0}, podDisruptionBudget={"enabled": True}), what="Pod ft-node-0", code=403,
+                          now=NOW, message='pods "ft-node-0" is forbidden: violates PodSecurity "restricted:latest"')
+    assert pss.status["state"] == "Failed" and pss.delete_objects == [("PodDisruptionBudget", "ft")]
+    assert "enforce=privileged" in pss.status["failure"]["message"]
+
+
+def test_a_retained_output_claim_is_checked_before_reuse() -> None:
+    spec = parse_spec(spec_dict(nodes=2, output={"volumeClaimTemplate": TEMPLATE}))
+    v = check_claims("ft", spec, {"ft-output": pvc(["ReadWriteOnce"])})
+    assert v is not None and "spec.output.volumeClaimTemplate" in v.message and "ft-output" in v.message
 
 
 @pytest.mark.parametrize(("shm", "memory", "ok"), [("1Gi", "16Gi", True), ("16Gi", "16Gi", False),

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from finetune_trainer.errors import ConfigError
 
-CONFIG_VERSION = "1.0"
+CONFIG_VERSION = "1.1"
 SUPPORTED_MAJOR = 1
-SUPPORTED_MINOR = 0
+SUPPORTED_MINOR = 1
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
 
 Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq"]

@@ -5,7 +5,8 @@ With a cache, Hub inputs (``model.name``, ``dataset.name``) are fetched once per
 1. the launcher of node rank 0 fetches the model snapshot and the dataset splits the workers use into the cache,
    then writes a *ready marker* (``<cache>/finetune-ready/<digest>.json``, atomically) keyed by what it fetched;
    a marker that is already there (a gang restart, a later job with the same inputs) skips the fetch;
-2. launchers of the other node ranks wait for that marker (``preflight.timeoutSeconds``, then exit 75);
+2. launchers of the other node ranks wait for that marker while rank 0's heartbeat file is fresh, and at most
+   ``preflight.timeoutSeconds`` (spec.rendezvousTimeoutSeconds) without one, then exit 75;
 3. every worker runs with the Hub offline (``HF_HUB_OFFLINE=1``...) and reads only the cache.
 
 The cache path is the workers' ``HF_HOME``. ``HF_ENDPOINT`` (a Hub mirror) and ``HF_TOKEN`` are read by
@@ -17,14 +18,16 @@ to warm a cache ahead of a job.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
@@ -176,6 +179,38 @@ def write_marker(path: str, fetch_plan: FetchPlan, details: Mapping[str, Any]) -
         raise
 
 
+HEARTBEAT_EVERY = 15.0  # seconds between node rank 0's "still fetching" touches
+HEARTBEAT_FRESH = 60.0  # a heartbeat younger than this means rank 0 is alive and downloading
+
+
+def heartbeat_path(marker: str) -> str:
+    return marker + ".fetching"
+
+
+@contextlib.contextmanager
+def heartbeat(path: str, every: float = HEARTBEAT_EVERY) -> Iterator[None]:
+    """Touch ``path`` every ``every`` seconds while the body runs (node rank 0's fetch), then remove it."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                with open(path, "a"):
+                    os.utime(path)
+            if stop.wait(every):
+                return
+
+    thread = threading.Thread(target=beat, name="hfcache-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 def wait_for_marker(
     path: str,
     fetch_plan: FetchPlan,
@@ -183,21 +218,27 @@ def wait_for_marker(
     timeout_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    wall: Callable[[], float] = time.time,
 ) -> float:
     """Poll until node rank 0's marker appears; returns the seconds waited or raises :class:`RendezvousTimeout`
-    naming the marker."""
+    naming the marker. The wait is bounded by ``timeout_s`` *without sign of life* from rank 0: while rank 0's
+    heartbeat file is fresh (it is downloading), the deadline moves, so a large first download never times out."""
     start = clock()
     deadline = start + timeout_s
     attempt = 0
+    beat = heartbeat_path(path)
     while True:
         if read_marker(path, fetch_plan) is not None:
             return clock() - start
         now = clock()
+        with contextlib.suppress(OSError):
+            if wall() - os.path.getmtime(beat) < HEARTBEAT_FRESH:
+                deadline = max(deadline, now + timeout_s)
         if now >= deadline:
             raise RendezvousTimeout(
-                f"node rank 0 did not finish fetching {fetch_plan.describe()} into the shared cache within "
-                f"{timeout_s:g}s: no ready marker at {path}; check the rank-0 pod's log (rank 0 downloads once per "
-                "job), or raise spec.preflight.timeoutSeconds for a large first download"
+                f"node rank 0 did not finish fetching {fetch_plan.describe()} into the shared cache and showed no "
+                f"sign of life for {timeout_s:g}s: no ready marker at {path} (nor a fresh {beat}); check the rank-0 "
+                "pod (is it running? its log), or raise spec.rendezvousTimeoutSeconds"
             )
         delay = min(0.2 * 2 ** min(attempt, 5), 5.0, max(0.0, deadline - now))
         attempt += 1
@@ -341,7 +382,8 @@ def prepare(
             "(ReadWriteMany, mounted in every pod) and its permissions"
         ) from None  # fmt: skip
     log.info("hfcache: fetching %s into %s", fetch_plan.describe(), config.cache_path)
-    details = fetcher(fetch_plan, config.cache_path)
+    with heartbeat(heartbeat_path(path)):  # the other nodes wait as long as this download shows progress
+        details = fetcher(fetch_plan, config.cache_path)
     write_marker(path, fetch_plan, details)
     log.info("hfcache: wrote %s", path)
     return path
