@@ -32,6 +32,7 @@ from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
 PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)
+QUOTA_RETRY_SECONDS = 30.0  # a job waiting for quota or a namespace limit tries again this often
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec")
 
 
@@ -295,6 +296,15 @@ def _decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, s
     created = bool(st.get("attemptStartTime"))
     present = {_rank_of(p) for p in current}
     if not created:
+        # Waiting for quota: retry on the clock, not on every pod event (a refused gang's own deletions would
+        # otherwise re-trigger creation at once, a retry storm against the API server).
+        retry_at = parse_ts(st.get("admissionRetryTime"))
+        if retry_at is not None and now < retry_at:
+            plan.requeue_after = (retry_at - now).total_seconds()
+            return _clean(plan)
+        if any(_deleting(p) for p in current):  # the ranks of a refused creation are still going
+            plan.requeue_after = 1.0
+            return _clean(plan)
         claims = admission.check_claims(ref.name, spec, observed.claims)
         if claims is not None:
             return _refuse(plan, job, pods, reason=claims.reason, message=claims.message, now=now, settings=settings)
@@ -310,6 +320,7 @@ def _decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, s
         extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec)) if o is not None]
         plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
         st["attemptStartTime"] = ts(now)
+        st.pop("admissionRetryTime", None)
         if prev_state == SUSPENDED:
             st["startTime"] = ts(now)  # as a Kubernetes Job: the deadline restarts when resumed
         st.setdefault("startTime", ts(now))
@@ -468,7 +479,8 @@ def _wait_quota(plan: Plan, old: dict[str, Any], message: str, *, now: datetime,
     st.setdefault("state", PENDING)
     if prev.get("reason") != "QuotaExceeded" or prev.get("message") != message[:1024]:
         plan.events.append(Event("Warning", "QuotaExceeded", message))
-    plan.requeue_after = 30.0
+    plan.requeue_after = QUOTA_RETRY_SECONDS
+    st["admissionRetryTime"] = ts(now + timedelta(seconds=QUOTA_RETRY_SECONDS))
     return _clean(plan)
 
 

@@ -182,7 +182,12 @@ def test_gpu_resource_quota_is_a_condition_not_a_failure(sched: Cluster, ns: str
     cond = wait_for(lambda: (c := jobs.condition("big", "Created")) and c.get("reason") == "QuotaExceeded" and c,
                     timeout=60, what="a QuotaExceeded condition")
     assert "exceeded quota: gpus" in cond["message"] and "nvidia.com/gpu" in cond["message"]
+    # all or nothing: the rank created before the refusal does not sit on 8 GPUs waiting for its peer
+    wait_for(lambda: jobs.live_pods("big") == [], timeout=30, what="the half-created gang to be removed")
     assert jobs.state("big") != "Failed"
+    sched.run_kubectl("patch", "quota", "gpus", "-n", ns, "-p", '{"spec": {"hard": {"requests.nvidia.com/gpu": "16"}}}')
+    st = jobs.wait_state("big", "Running", timeout=90)  # the next retry (every 30 s) admits the whole gang
+    assert (st["attempt"], st["restarts"]) == (0, 0)
 
 
 # -- tenant guardrails ------------------------------------------------------------------------------------------

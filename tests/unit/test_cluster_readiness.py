@@ -3,13 +3,13 @@ PodDisruptionBudget, GPU networking opt-ins, MIG resources, /dev/shm accounting 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from finetune_operator.admission import Observed, Usage, check_claims, check_namespace, usage_of
 from finetune_operator.builders import JobRef, build_output_claim, build_pdb, build_pod, trainer_config
-from finetune_operator.reconcile import decide
+from finetune_operator.reconcile import decide, ts
 from finetune_operator.settings import Settings
 from finetune_operator.spec import SpecError, parse_spec
 
@@ -143,11 +143,18 @@ def test_job_over_the_namespace_total_waits_quietly_then_starts() -> None:
     assert [(e.type, e.reason) for e in waiting.events] == [("Warning", "QuotaExceeded")]
     created = next(c for c in waiting.status["conditions"] if c["type"] == "Created")
     assert (created["status"], created["reason"]) == ("False", "QuotaExceeded")
-    again = decide(job(waiting.status, nodes=2, resources=GPU), [], now=NOW, settings=settings, observed=held)
-    assert again.events == [] and again.status == waiting.status  # no write, no event: no retry storm
-    free = decide(job(waiting.status, nodes=2, resources=GPU), [], now=NOW, settings=settings,
+    later = NOW + timedelta(seconds=31)
+    again = decide(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings, observed=held)
+    assert again.events == [] and again.create == []  # still held: no event, no pods (no retry storm)
+    assert {k: v for k, v in again.status.items() if k != "admissionRetryTime"} == {
+        k: v for k, v in waiting.status.items() if k != "admissionRetryTime"}
+    early = decide(job(waiting.status, nodes=2, resources=GPU), [], now=NOW + timedelta(seconds=5), settings=settings,
+                   observed=Observed(usage=Usage()))
+    assert early.create == [] and early.requeue_after == 25.0  # retries on the clock, not on every event
+    free = decide(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings,
                   observed=Observed(usage=Usage()))
     assert [o["kind"] for o in free.create][-2:] == ["Pod", "Pod"]
+    assert "admissionRetryTime" not in free.status
 
 
 # -- PodDisruptionBudget -----------------------------------------------------------------------------------------
@@ -216,6 +223,12 @@ def test_quota_refusal_mid_gang_removes_the_ranks_already_created() -> None:
                            message='pods "ft-node-1" is forbidden: exceeded quota: gpus')
     assert [d.name for d in plan.delete] == ["ft-node-0"] and plan.requeue_after == 30.0
     assert plan.status["state"] == "Pending"
+    # the deleted rank's own events do not re-create the gang at once: the retry waits 30 s
+    deleting = {"metadata": {**created["metadata"], "deletionTimestamp": ts(NOW)}}
+    assert decide(job(plan.status), [deleting], now=NOW + timedelta(seconds=1), settings=Settings()).create == []
+    assert decide(job(plan.status), [deleting], now=NOW + timedelta(seconds=31), settings=Settings()).create == []
+    retry = decide(job(plan.status), [], now=NOW + timedelta(seconds=31), settings=Settings())
+    assert [o["metadata"]["name"] for o in retry.create if o["kind"] == "Pod"] == ["ft-node-0"]
     pss = create_rejected(job({"attempt": 0}, podDisruptionBudget={"enabled": True}), what="Pod ft-node-0", code=403,
                           now=NOW, message='pods "ft-node-0" is forbidden: violates PodSecurity "restricted:latest"')
     assert pss.status["state"] == "Failed" and pss.delete_objects == [("PodDisruptionBudget", "ft")]
