@@ -34,67 +34,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import math
 import os
 import platform
 import re
 import signal
-import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import GROUP, NAMESPACE, PLURAL, VERSION, Watcher, job_manifest, wait_for  # noqa: E402
+from bench.common import Api as BaseApi  # noqa: E402
 from tests.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
 
-NAMESPACE = "bench"
-GROUP, VERSION, PLURAL = "finetune.dev", "v1alpha1", "finetunejobs"
 LABEL_JOB = "finetune.dev/job-name"
 OPERATOR_RESOURCES = ("finetunejobs", "pods", "services", "configmaps", "events")
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY")
 SETTLE_SECONDS = 3.0
-T = TypeVar("T")
-
-
-def job_manifest(name: str, nodes: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "FineTuneJob",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"path": "/models/tiny", "initFromConfig": True},
-            "dataset": {"path": "/data/train.jsonl"},
-            "output": {"claimName": "out"},
-            "nodes": nodes,
-            "training": {"maxSteps": 10},
-        },
-    }
-
-
-def wait_for(
-    probe: Callable[[], T | None], *, timeout: float, what: str, check: Callable[[], None], interval: float = 0.2
-) -> T:
-    """Poll ``probe`` until truthy; ``check`` raises when a process we depend on died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        check()
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -123,39 +89,8 @@ def parse_prometheus(text: str, names: tuple[str, ...]) -> list[tuple[str, dict[
 RequestKey = tuple[str, str, str, str]  # verb, resource, subresource, code
 
 
-class Api:
-    """A minimal HTTPS client on the admin certificate (stdlib only: the benchmark's own client
-    should cost the machine as little as possible)."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        assert cluster.state
-        pki = Path(cluster.state.dir) / "pki"
-        self.port = cluster.state.api_port
-        self.ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        self.ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        self._local = threading.local()
-
-    def connection(self, timeout: float = 30) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=timeout)
-
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self.connection()
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        try:
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        except (OSError, http.client.HTTPException):
-            self._local.conn = None
-            conn.close()
-            raise
-
-    def get_json(self, path: str) -> dict[str, Any] | None:
-        status, data = self.request("GET", path)
-        return dict(json.loads(data)) if status == 200 else None
+class Api(BaseApi):
+    """The shared client plus what this benchmark reads."""
 
     def requests_total(self) -> Counter[RequestKey]:
         """apiserver_request_total for the operator's resources, watches excluded."""
@@ -176,40 +111,6 @@ class Api:
             if lab.get("verb") == "WATCH" and lab.get("scope") == scope:
                 out[lab.get("resource", "")] = out.get(lab.get("resource", ""), 0) + v
         return out
-
-
-class Watcher(threading.Thread):
-    """One watch stream; calls ``on_event(type, object, monotonic_time)`` for every event."""
-
-    def __init__(self, api: Api, path: str, on_event: Callable[[str, dict[str, Any], float], None]) -> None:
-        super().__init__(daemon=True, name=f"watch {path}")
-        self.api, self.path, self.on_event = api, path, on_event
-        self.conn = api.connection(timeout=600)
-        self.error: BaseException | None = None
-        self.ready = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.conn.request("GET", self.path)
-            resp = self.conn.getresponse()
-            if resp.status != 200:
-                raise RuntimeError(f"watch {self.path}: HTTP {resp.status} {resp.read()[:300]!r}")
-            self.ready.set()
-            while line := resp.readline():
-                ev = json.loads(line)
-                self.on_event(ev["type"], ev["object"], time.monotonic())
-        except BaseException as e:  # reported by the main thread
-            if not getattr(self, "closing", False):
-                self.error = e
-        finally:
-            self.ready.set()
-
-    def close(self) -> None:
-        self.closing = True
-        with contextlib.suppress(OSError):
-            if self.conn.sock:
-                self.conn.sock.shutdown(2)
-        self.conn.close()
 
 
 class Observed:

@@ -44,13 +44,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import http.client
 import json
 import os
 import platform
 import shlex
 import signal
-import ssl
 import statistics
 import subprocess
 import sys
@@ -58,18 +56,18 @@ import threading
 import time
 import urllib.request
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import GROUP, NAMESPACE, PLURAL, VERSION, Watcher, job_manifest, wait_for  # noqa: E402
+from bench.common import Api as BaseApi  # noqa: E402
 from tests.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
 
-NAMESPACE = "bench"
-GROUP, VERSION, PLURAL = "finetune.dev", "v1alpha1", "finetunejobs"
 LABEL_JOB = "finetune.dev/job-name"
 PEERING = "finetune-operator"  # fixed by the operator (cli.py: peering_name)
 PEERING_PATH = f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings/{PEERING}"
@@ -81,7 +79,6 @@ CASES = {
     "term": "clean exit (SIGTERM)",
     "restart": "crash + restart, same pod",
 }
-T = TypeVar("T")
 
 
 
@@ -90,78 +87,13 @@ def peering_priority(pod_name: str) -> int:
     return zlib.crc32(pod_name.encode()) % 10_000 + 1
 
 
-def job_manifest(name: str, nodes: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "FineTuneJob",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"path": "/models/tiny", "initFromConfig": True},
-            "dataset": {"path": "/data/train.jsonl"},
-            "output": {"claimName": "out"},
-            "nodes": nodes,
-            "training": {"maxSteps": 10},
-        },
-    }
-
-
-def wait_for(
-    probe: Callable[[], T | None], *, timeout: float, what: str, check: Callable[[], None], interval: float = 0.2
-) -> T:
-    """Poll ``probe`` until truthy; ``check`` raises when a process we depend on died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        check()
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
 def parse_ts(ts: str) -> float:
     """An ISO timestamp (kopf's lastseen, python-json-logger's timestamp) as Unix seconds."""
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
-class Api:
-    """A minimal HTTPS client on the admin certificate (stdlib only)."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        assert cluster.state
-        pki = Path(cluster.state.dir) / "pki"
-        self.port = cluster.state.api_port
-        self.ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        self.ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        self._local = threading.local()
-
-    def connection(self, timeout: float = 30) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=timeout)
-
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self.connection()
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        try:
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        except (OSError, http.client.HTTPException):
-            self._local.conn = None
-            conn.close()
-            raise
-
-    def get_json(self, path: str) -> dict[str, Any] | None:
-        status, data = self.request("GET", path)
-        return dict(json.loads(data)) if status == 200 else None
-
-    def create(self, path: str, obj: dict[str, Any]) -> None:
-        status, data = self.request("POST", path, obj)
-        if status != 201:
-            raise RuntimeError(f"POST {path}: HTTP {status} {data[:300]!r}")
+class Api(BaseApi):
+    """The shared client plus what this benchmark reads."""
 
     def peers(self) -> dict[str, dict[str, Any]]:
         """The peering object's status: identity -> {priority, lifetime, lastseen}."""
@@ -169,61 +101,28 @@ class Api:
         return dict(obj.get("status") or {})
 
 
-class PodWatch(threading.Thread):
-    """Watches the trainer pods in the namespace; remembers when each job's pods were first seen."""
+class PodWatch:
+    """Remembers when each job's trainer pods were first seen, from a watch of the namespace's pods."""
 
     def __init__(self, api: Api) -> None:
-        super().__init__(daemon=True, name="pod watch")
-        self.api = api
-        self.conn = api.connection(timeout=3600)
+        listing = api.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1") or {}
+        rv = listing["metadata"]["resourceVersion"]
+        selector = LABEL_JOB.replace("/", "%2F")
         self.lock = threading.Lock()
         self.seen: dict[str, dict[str, float]] = {}  # job -> pod -> monotonic time first seen
-        self.error: BaseException | None = None
-        self.ready = threading.Event()
-        self.closing = False
+        self.stream = Watcher(api, f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={rv}"
+                              f"&labelSelector={selector}&timeoutSeconds=3600", self.on_event)
 
-    def run(self) -> None:
-        try:
-            listing = self.api.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1") or {}
-            rv = listing["metadata"]["resourceVersion"]
-            selector = LABEL_JOB.replace("/", "%2F")
-            self.conn.request(
-                "GET",
-                f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={rv}"
-                f"&labelSelector={selector}&timeoutSeconds=3600",
-            )
-            resp = self.conn.getresponse()
-            if resp.status != 200:
-                raise RuntimeError(f"pod watch: HTTP {resp.status} {resp.read()[:300]!r}")
-            self.ready.set()
-            while line := resp.readline():
-                ev = json.loads(line)
-                at = time.monotonic()
-                if ev["type"] == "ERROR":
-                    raise RuntimeError(f"pod watch: {ev['object']}")
-                meta = ev["object"].get("metadata") or {}
-                job = (meta.get("labels") or {}).get(LABEL_JOB)
-                if job and ev["type"] in ("ADDED", "MODIFIED"):
-                    with self.lock:
-                        self.seen.setdefault(job, {}).setdefault(meta["name"], at)
-            if not self.closing:
-                raise RuntimeError("pod watch ended")
-        except BaseException as e:  # reported by the main thread
-            if not self.closing:
-                self.error = e
-        finally:
-            self.ready.set()
+    def on_event(self, type_: str, obj: dict[str, Any], at: float) -> None:
+        meta = obj.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        if job and type_ in ("ADDED", "MODIFIED"):
+            with self.lock:
+                self.seen.setdefault(job, {}).setdefault(meta["name"], at)
 
     def pods(self, job: str) -> dict[str, float]:
         with self.lock:
             return dict(self.seen.get(job, {}))
-
-    def close(self) -> None:
-        self.closing = True
-        with contextlib.suppress(OSError):
-            if self.conn.sock:
-                self.conn.sock.shutdown(2)
-        self.conn.close()
 
 
 class Replica:
@@ -380,8 +279,8 @@ class Bench:
         self.cluster.check()
         for r in self.replicas:
             r.check()
-        if self.watch and self.watch.error:
-            raise RuntimeError(f"the benchmark's pod watch failed: {self.watch.error!r}")
+        if self.watch and self.watch.stream.error:
+            raise RuntimeError(f"the benchmark's pod watch failed: {self.watch.stream.error!r}")
 
     def alive(self) -> list[Replica]:
         return [r for r in self.replicas if r.alive() and not r.killed]
@@ -436,8 +335,8 @@ class Bench:
         self.api.create(f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings",
                         {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}})
         self.watch = PodWatch(self.api)
-        self.watch.start()
-        self.watch.ready.wait(30)
+        self.watch.stream.start()
+        self.watch.stream.ready.wait(30)
         self.check()
 
     # -- the single-active check ----------------------------------------------------------------------------
@@ -695,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bench:
             if bench.watch:
-                bench.watch.close()
+                bench.watch.stream.close()
             for r in bench.replicas:
                 r.stop()
         keep = args.keep_logs or not ok
