@@ -44,6 +44,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("procs-vs-gpus", make_job("x").set("procsPerNode", 2).set("resources", {"limits": {"nvidia.com/gpu": 4}}).build(),
      "spec.procsPerNode"),
     ("relative-model-path", make_job("x").set("model", {"path": "models/tiny"}).build(), "spec.model.path"),
+    ("claim-and-template", make_job("x").set("output", {"claimName": "o", "volumeClaimTemplate": {"spec": {
+        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}}).build(), "spec.output"),
+    ("rwo-template-two-nodes", make_job("x").nodes(2).set("output", {"volumeClaimTemplate": {"spec": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}).build(),
+     "spec.output.volumeClaimTemplate.spec.accessModes"),
     ("hostpath-volume", make_job("x").set("podTemplate", {"volumes": [
         {"name": "h", "mountPath": "/h", "hostPath": {"path": "/"}}]}).build(), "spec.podTemplate.volumes[0]"),
     ("eval-steps-without-every", make_job("x").set("training.evaluation", {"strategy": "steps"}).build(),
