@@ -166,23 +166,24 @@ class Release:
         return f"system:serviceaccount:{self.namespace}:{self.sa}"
 
 
+def _helm_apply(
+    cluster: Any, helm: Helm, verb: str, release: str, values: dict[str, Any], *, ns: str, tmp: Path
+) -> list[dict[str, Any]]:
+    """``helm install`` or ``helm upgrade`` with ``values``; returns the objects of the revision it made."""
+    vf = tmp / f"{release}-{verb}-values.yaml"
+    vf.write_text(yaml.safe_dump(values))
+    wait = ["--wait=false"] if verb == "install" else []
+    helm.run(verb, release, str(ROOT / "charts" / "finetune-operator"), f"--namespace={ns}", f"--values={vf}", *wait,
+             kubeconfig=cluster.kubeconfig)
+    manifest = helm.run("get", "manifest", release, f"--namespace={ns}", kubeconfig=cluster.kubeconfig).stdout
+    return docs_of(manifest)
+
+
 def _install(
     cluster: Any, helm: Helm, release: str, values: dict[str, Any], *, ns: str, tmp: Path
 ) -> list[dict[str, Any]]:
     adopt_shared(cluster, release, ns)
-    vf = tmp / f"{release}-values.yaml"
-    vf.write_text(yaml.safe_dump(values))
-    helm.run(
-        "install",
-        release,
-        str(ROOT / "charts" / "finetune-operator"),
-        f"--namespace={ns}",
-        f"--values={vf}",
-        "--wait=false",
-        kubeconfig=cluster.kubeconfig,
-    )
-    manifest = helm.run("get", "manifest", release, f"--namespace={ns}", kubeconfig=cluster.kubeconfig).stdout
-    return docs_of(manifest)
+    return _helm_apply(cluster, helm, "install", release, values, ns=ns, tmp=tmp)
 
 
 def _sa_kubeconfig(cluster: Any, rel: Release, path: Path) -> Path:
@@ -483,16 +484,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
             "prometheusRule": {"enabled": True},
             "dashboard": {"enabled": True},
         }
-        vf = tmp_path / "up.yaml"
-        vf.write_text(yaml.safe_dump(up))
-        helm.run(
-            "upgrade",
-            name,
-            str(ROOT / "charts" / "finetune-operator"),
-            f"--namespace={ns}",
-            f"--values={vf}",
-            kubeconfig=cluster.kubeconfig,
-        )
+        _helm_apply(cluster, helm, "upgrade", name, up, ns=ns, tmp=tmp_path)
         dep = json.loads(
             cluster.run_kubectl("get", "deployment", "-n", ns, "-l", f"app.kubernetes.io/instance={name}", "-o", "json")
         )["items"][0]
@@ -649,12 +641,7 @@ def test_helm_upgrade_mid_job_new_operator_adopts_the_running_gang(
         uids = {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(work).items}
 
         v2 = {**v1, "image": {"tag": "0.2.0"}, "operator": {"resyncSeconds": 5}}
-        vf = tmp_path / "v2.yaml"
-        vf.write_text(yaml.safe_dump(v2))
-        helm.run("upgrade", name, str(ROOT / "charts" / "finetune-operator"), f"--namespace={ns}", f"--values={vf}",
-                 kubeconfig=cluster.kubeconfig)
-        docs2 = docs_of(helm.run("get", "manifest", name, f"--namespace={ns}", kubeconfig=cluster.kubeconfig).stdout)
-        rel2 = Release(name, ns, v2, docs2, [work], "")
+        rel2 = Release(name, ns, v2, _helm_apply(cluster, helm, "upgrade", name, v2, ns=ns, tmp=tmp_path), [work], "")
         # RollingUpdate: the new replica starts while the old one runs, then the old one gets SIGTERM
         new = Operator(rel2, kc, tmp_path / "operator-new.log", pod="new", priority=100001)
         dump_on_failure["op"] = new
