@@ -3,10 +3,12 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV = $(shell bash .ci/venv.sh --path)
 PY = $(VENV)/bin/python
+# The ONNX Runtime stack's venv: the ORT tests start its `finetune-trainer`.
+export FINETUNE_ORT_VENV := $(shell bash .ci/venv.sh --ort-path)
 CLUSTER = python3 -m tests.localcluster
 
 .PHONY: help setup binaries tools cluster-up cluster-down cluster-status run test test-unit test-integration \
-        test-trainer test-chart test-e2e run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
+        test-trainer test-ort test-chart test-e2e run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -17,7 +19,7 @@ binaries: ## build (or reuse) the real Kubernetes control-plane binaries from th
 tools: ## build (or reuse) helm, promtool and controller-gen (+ Prometheus Operator CRDs) from the Go module proxy
 	@bash tests/helmtools/build.sh
 
-setup: binaries tools ## install everything: the venv (cached outside the repo), Kubernetes binaries and chart tools
+setup: binaries tools ## install everything: both venvs (cached outside the repo), Kubernetes binaries and chart tools
 	@bash .ci/venv.sh
 
 cluster-up: binaries ## start the local control plane (etcd, kube-apiserver, kube-controller-manager); prints KUBECONFIG
@@ -38,7 +40,7 @@ run-local: setup ## the tiny example FineTuneJob on 2 local nodes, no Kubernetes
 operator: setup ## run the operator against the local control plane (make cluster-up first)
 	@$(VENV)/bin/finetune operator --standalone --kubeconfig $${FINETUNE_CLUSTER_DIR:-/tmp/finetune-cluster-$$(id -u)}/admin.kubeconfig
 
-test: setup ## run every test tier (unit, integration, chart, trainer, e2e) against the real control plane
+test: setup ## run every test tier (unit, integration, chart, trainer on both stacks, e2e) against the real control plane
 	@$(PY) -m pytest
 
 test-unit: setup ## unit tests only (pure code, seconds)
@@ -47,8 +49,11 @@ test-unit: setup ## unit tests only (pure code, seconds)
 test-integration: setup ## integration tests against the real kube-apiserver
 	@$(PY) -m pytest -m integration
 
-test-trainer: setup ## trainer tests: real torchrun/DDP training on CPU
+test-trainer: setup ## trainer tests: real torchrun/DDP training on CPU, default stack and ONNX Runtime stack
 	@$(PY) -m pytest -m trainer
+
+test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, resume, rejections)
+	@$(PY) -m pytest -m ort
 
 lint: setup ## ruff and mypy --strict on the operator (the unit tier runs them too)
 	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit tests/localcluster && $(VENV)/bin/mypy

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's virtualenv outside the repository, keyed by a hash of the locks,
-# so a warm machine skips the multi-GB torch install. Then (re)install this checkout's own packages,
-# without dependencies (seconds), so the venv always runs the code of this clone.
-#   .ci/venv.sh          set up, print nothing but progress
-#   .ci/venv.sh --path   print the venv's path and exit
+# Create (or reuse) the project's two virtualenvs outside the repository, each keyed by a hash of the locks that
+# decide its third-party packages, so a warm machine skips the multi-GB torch installs:
+#   - the development venv: the operator, its tools and the default trainer stack (Python 3.12): it runs pytest,
+#     the operator and, in the e2e tier, the trainer "image" of the node agent;
+#   - the ONNX Runtime venv: the frozen ORT trainer stack (Python 3.11), whose `finetune-trainer` the ORT tests run.
+# Then (re)install this checkout's own packages without dependencies (seconds), so the venvs run this clone's code.
+#   .ci/venv.sh             set up both, print nothing but progress
+#   .ci/venv.sh --path      print the development venv's path and exit
+#   .ci/venv.sh --ort-path  print the ORT venv's path and exit
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${FINETUNE_CACHE:-$HOME/.cache/finetune-operator}"
 cd "$root"
-locks=(requirements.lock)
-[[ -f trainer-image/requirements-cpu.lock ]] && locks+=(trainer-image/requirements-cpu.lock trainer-image/install.sh)
 # Keyed by what decides the third-party packages only (editing this script does not force a rebuild).
-key="$(cat "${locks[@]}" | sha256sum | cut -c1-16)"
-venv="$cache/venv-$key"
-if [[ "${1:-}" == "--path" ]]; then echo "$venv"; exit 0; fi
+key() { cat "$@" | sha256sum | cut -c1-16; }
+dev="$cache/venv-$(key requirements.lock trainer-image/requirements.lock trainer-image/install.sh)"
+ort="$cache/venv-ort-$(key trainer-image/requirements-ort.lock trainer-image/install.sh)"
+case "${1:-}" in
+  --path) echo "$dev"; exit 0 ;;
+  --ort-path) echo "$ort"; exit 0 ;;
+esac
 
 mkdir -p "$cache"
 uv="$cache/uv/bin/uv"
@@ -24,22 +30,25 @@ if [[ ! -x "$uv" ]]; then
 fi
 export PATH="$cache/uv/bin:$PATH"
 
-if [[ ! -f "$venv/.complete" ]]; then
-  echo "building venv $venv (cold: torch is a multi-GB CUDA wheel; ORT extensions compile ~7 min)"
-  rm -rf "$venv"
-  if [[ -f trainer-image/install.sh ]]; then
-    bash trainer-image/install.sh "$venv"
-  else
-    "$uv" venv -q --python python3.11 "$venv"
-  fi
-  "$uv" pip install -q --python "$venv/bin/python" -r requirements.lock
-  touch "$venv/.complete"
+if [[ ! -f "$dev/.complete" ]]; then
+  echo "building venv $dev (cold: torch is a multi-GB CUDA wheel)"
+  rm -rf "$dev"
+  bash trainer-image/install.sh default "$dev"
+  "$uv" pip install -q --python "$dev/bin/python" -r requirements.lock
+  touch "$dev/.complete"
 fi
-# This checkout's own packages, no dependencies: the operator editable (it runs on this machine); the
-# trainer as a real copy in site-packages, because the venv doubles as the trainer "image" of the e2e node
-# agent, whose pods get /tmp (and so any checkout under it) replaced by an emptyDir, as on a cluster.
-"$uv" pip install -q --python "$venv/bin/python" --no-deps -e .
-if [[ -f trainer-image/pyproject.toml ]]; then
+if [[ ! -f "$ort/.complete" ]]; then
+  echo "building venv $ort (cold: torch 2.6 and ONNX Runtime training; ORTModule extensions compile ~7 min)"
+  rm -rf "$ort"
+  bash trainer-image/install.sh ort "$ort"
+  touch "$ort/.complete"
+fi
+# This checkout's own packages, no dependencies: the operator editable (it runs on this machine); the trainer as a
+# real copy in site-packages, because the venv doubles as the trainer "image" of the e2e node agent, whose pods get
+# /tmp (and so any checkout under it) replaced by an emptyDir, as on a cluster.
+"$uv" pip install -q --python "$dev/bin/python" --no-deps -e .
+for venv in "$dev" "$ort"; do
   "$uv" pip install -q --python "$venv/bin/python" --no-deps --reinstall-package finetune-trainer ./trainer-image
-fi
-echo "venv: $venv"
+done
+echo "venv: $dev"
+echo "ORT venv: $ort"

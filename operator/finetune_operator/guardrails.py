@@ -16,7 +16,7 @@ class Violation:
 
 
 def check(spec: JobSpec, settings: Settings) -> Violation | None:
-    image = spec.image or settings.default_image
+    image = settings.trainer_image(acceleration=spec.acceleration, image=spec.image)
     if settings.allowed_image_prefixes and not image.startswith(settings.allowed_image_prefixes):
         return Violation("InvalidSpec", f"spec.image: {image} is not allowed by the operator; allowed prefixes: "
                          f"{', '.join(settings.allowed_image_prefixes)} (Helm value guardrails.allowedImagePrefixes)")

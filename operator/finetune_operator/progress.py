@@ -22,9 +22,10 @@ GAUGES = {
     "finetune_checkpoint_last_step": "lastCheckpointStep",
     "finetune_train_mfu": "mfu",
     "finetune_time_to_first_step_seconds": "timeToFirstStepSeconds",
+    "finetune_train_warmup_seconds": "warmupSeconds",
     "finetune_rendezvous_duration_seconds": "rendezvousSeconds",
 }
-SET_ONCE = {"timeToFirstStepSeconds", "rendezvousSeconds"}  # 0 until the trainer knows them: leave out
+SET_ONCE = {"timeToFirstStepSeconds", "warmupSeconds", "rendezvousSeconds"}  # 0 until the trainer knows them: leave out
 INTEGER_FIELDS = {"step", "totalSteps", "etaSeconds", "lastCheckpointStep"}
 PER_NODE_RATES = {"samplesPerSecond", "tokensPerSecond"}
 

@@ -42,7 +42,8 @@ def _list(name: str) -> tuple[str, ...]:
 class Settings:
     """Everything configurable about the operator; one instance, built at start-up."""
 
-    default_image: str = "ghcr.io/finetune-operator/trainer:0.1.0"
+    default_image: str = "ghcr.io/finetune-operator/trainer:0.1.0"  # the current stack: every acceleration but ort
+    ort_image: str = "ghcr.io/finetune-operator/trainer-ort:0.1.0"  # the frozen ONNX Runtime stack: acceleration ort
     image_pull_policy: str = "IfNotPresent"
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     resync_seconds: int = 30
@@ -64,10 +65,18 @@ class Settings:
     max_nodes_per_namespace: int = 0  # across the namespace's active jobs; a job over it waits (QuotaExceeded)
     max_gpus_per_namespace: int = 0
 
+    def trainer_image(self, *, acceleration: str, image: str | None) -> str:
+        """The trainer image of a job: its own ``spec.image``, else the ONNX Runtime image for ``ort`` (the only
+        stack ORTTrainer runs on), else the default image on the current stack."""
+        if image:
+            return image
+        return self.ort_image if acceleration == "ort" else self.default_image
+
     @classmethod
     def from_env(cls) -> Settings:
         return cls(
             default_image=os.environ.get("FINETUNE_DEFAULT_IMAGE", cls.default_image),
+            ort_image=os.environ.get("FINETUNE_ORT_IMAGE", cls.ort_image),
             image_pull_policy=os.environ.get("FINETUNE_IMAGE_PULL_POLICY", cls.image_pull_policy),
             namespaces=_list("FINETUNE_WATCH_NAMESPACES"),
             resync_seconds=_int("FINETUNE_RESYNC_SECONDS", cls.resync_seconds),

@@ -65,7 +65,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "namespaced": {
         "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
         "metrics": {"podMonitor": {"enabled": True}},
-        "trainer": {"image": {"repository": "registry.example.com/ml/trainer", "tag": "1.2.3", "pullPolicy": "Always"}},
+        "trainer": {"image": {"repository": "registry.example.com/ml/trainer", "tag": "1.2.3", "pullPolicy": "Always"},
+                    "ortImage": {"repository": "registry.example.com/ml/trainer-ort", "tag": "1.2.3-ort"}},
         "guardrails": {"allowedImagePrefixes": ["registry.example.com/ml/"], "allowedPriorityClasses": ["train-low"],
                        "maxNodesPerJob": 16, "maxGpusPerJob": 128},
     },

@@ -39,6 +39,7 @@ TRAINER_GAUGES = {
     "finetune_train_mfu",
     "finetune_checkpoint_last_step",
     "finetune_time_to_first_step_seconds",
+    "finetune_train_warmup_seconds",
     "finetune_rendezvous_duration_seconds",
     "finetune_attempt",
 }

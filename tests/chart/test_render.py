@@ -194,6 +194,7 @@ def test_operator_env_and_args(helm: Helm) -> None:
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env["FINETUNE_WATCH_NAMESPACES"] == "team-a,team-b"
     assert env["FINETUNE_DEFAULT_IMAGE"] == "registry.example.com/ml/trainer:1.2.3"
+    assert env["FINETUNE_ORT_IMAGE"] == "registry.example.com/ml/trainer-ort:1.2.3-ort"
     assert env["FINETUNE_IMAGE_PULL_POLICY"] == "Always"
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert c["args"] == ["operator", "--log-json"]
@@ -203,6 +204,8 @@ def test_operator_env_and_args(helm: Helm) -> None:
     assert standalone["spec"]["strategy"] == {"type": "Recreate"}
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FINETUNE_METRICS_PORT"] == "0" and env["FINETUNE_HEALTH_PORT"] == "0"
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert env["FINETUNE_ORT_IMAGE"] == f"ghcr.io/finetune-operator/trainer-ort:{version}"
 
 
 def test_names_are_truncated(helm: Helm) -> None:

@@ -3,8 +3,8 @@ node agent (``tests/nodeagent``) — the one test double: it stands in for kubel
 each trainer pod's ``finetune-trainer`` as local processes in network/mount/UTS/PID namespaces of their own.
 
 Needs root and iproute2/util-linux (network namespaces); fails (never skips) without them. The trainer "image" is a virtualenv
-holding ``finetune-trainer`` (``$FINETUNE_AGENT_IMAGE_VENV``, else the running venv, else
-``~/.cache/finetune-operator/venv-dev``).
+holding ``finetune-trainer`` (``$FINETUNE_AGENT_IMAGE_VENV``, else the running venv); the operator's ONNX Runtime
+image (``acceleration: ort``) runs from the ORT stack's venv (``.ci/venv.sh --ort-path``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ import yaml
 
 from tests.integration.harness import Jobs, OperatorProcess
 from tests.nodeagent.agent import NodeAgent, default_image_venv
+from tests.trainer.helpers import ort_venv, ort_venv_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_JOB = ROOT / "examples" / "tiny-job.yaml"
+ORT_IMAGE = "trainer-ort:test"  # the operator's ONNX Runtime image here; the node agent runs it from the ORT venv
 
 
 def _why_not_supported() -> str | None:
@@ -89,9 +91,11 @@ def e2e(request: pytest.FixtureRequest, cluster: Any, namespace: str, tmp_path: 
     ws = claims / namespace / "finetune-workspace"
     ws.mkdir(parents=True)
     shutil.copytree(ROOT / "examples", ws / "examples")  # a copy: pods get their own /tmp
+    images = {} if ort_venv_problem() else {ORT_IMAGE: ort_venv()}  # the ORT test fails on its absence itself
     agent = NodeAgent(cluster.kubeconfig, node_name=f"agent-{namespace}"[:63], claims_dir=claims,
-                      namespace=namespace, state_dir=tmp_path / "agent").start()
-    operator = OperatorProcess(cluster.kubeconfig, namespace, FINETUNE_PROGRESS_INTERVAL_SECONDS="1").start()
+                      namespace=namespace, state_dir=tmp_path / "agent", image_venvs=images).start()
+    operator = OperatorProcess(cluster.kubeconfig, namespace, FINETUNE_PROGRESS_INTERVAL_SECONDS="1",
+                               FINETUNE_ORT_IMAGE=ORT_IMAGE).start()
     from kubernetes import config
 
     api = config.new_client_from_config(config_file=cluster.kubeconfig)

@@ -16,7 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.e2e.conftest import E2E, tiny_job
+from tests.e2e.conftest import E2E, ORT_IMAGE, tiny_job
+from tests.trainer.helpers import ort_venv_problem
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -68,6 +69,23 @@ def test_two_nodes_train_to_success(e2e: E2E) -> None:
         for col in ("STEP", "SAMPLES/S", "ETA"):
             assert col in header, header
         assert rows and "/150" in rows[0], wide[-1]
+
+
+@pytest.mark.ort
+def test_ort_job_runs_on_the_onnx_runtime_image(e2e: E2E) -> None:
+    """acceleration: ort → the operator gives both pods the ONNX Runtime image; the node agent runs that image from
+    the ORT stack's venv; two ORTTrainer ranks rendezvous, train and the job succeeds."""
+    problem = ort_venv_problem()
+    if problem:
+        pytest.fail(problem)
+    e2e.jobs.create(tiny_job("tiny-ort", acceleration="ort", terminationGracePeriodSeconds=20,
+                             **{"training.maxSteps": 10, "training.checkpointEverySteps": 5}))
+    assert {p.spec.containers[0].image for p in e2e.jobs.wait_pods("tiny-ort", 2)} == {ORT_IMAGE}
+    st = _wait_terminal(e2e, "tiny-ort", TRAIN_TIMEOUT)
+    assert st["state"] == "Succeeded", st
+    result = e2e.result("tiny-ort")
+    assert (result["acceleration"], result["attention"], result["world_size"]) == ("ort", "eager", 2), result
+    assert result["steps"] == 10 and e2e.complete_checkpoints("tiny-ort")[-1] == 10
 
 
 def test_killed_rank_gang_restarts_and_resumes_from_checkpoint(e2e: E2E) -> None:

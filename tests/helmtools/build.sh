@@ -74,7 +74,7 @@ for kind in servicemonitors podmonitors prometheusrules; do
   [[ -f "$out/crds/monitoring.coreos.com_$kind.yaml" ]] || { echo "missing CRD $kind" >&2; exit 1; }
 done
 "$bin/helm" version
-"$bin/promtool" --version | head -1
+"$bin/promtool" --version | sed -n 1p  # not head: SIGPIPE under pipefail
 echo "built in $(( $(date +%s) - start ))s"
 echo "$HELM_VERSION $PROMETHEUS_VERSION $CONTROLLER_TOOLS_VERSION $PROM_OPERATOR_VERSION" > "$out/.complete"
 echo "chart tools: $out"

@@ -177,7 +177,8 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.env = {"FINETUNE_RESYNC_SECONDS": "2", "FINETUNE_METRICS_PORT": "0", "FINETUNE_HEALTH_PORT": "0",
-                    "FINETUNE_WAITING_TIMEOUT_SECONDS": "5", "FINETUNE_DEFAULT_IMAGE": "trainer:test", **env}
+                    "FINETUNE_WAITING_TIMEOUT_SECONDS": "5", "FINETUNE_DEFAULT_IMAGE": "trainer:test",
+                    "FINETUNE_ORT_IMAGE": "trainer-ort:test", **env}
         self.log = Path(tempfile.mkstemp(prefix="operator-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -91,6 +91,21 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
     assert status["nodes"] == f"0/{nodes}" and status["attempt"] == 0
 
 
+def test_acceleration_picks_the_trainer_image(jobs, operator) -> None:  # type: ignore[no-untyped-def]
+    """ort runs on the ONNX Runtime image, every other acceleration on the default image (Helm values
+    trainer.ortImage / trainer.image), and spec.image overrides both."""
+    cases = {"ort": ("ort", None), "none": ("none", None), "auto": ("auto", None), "compile": ("compile", None),
+             "own": ("ort", "registry.example.com/mine:1")}
+    for name, (acceleration, image) in cases.items():
+        job = make_job(name).set("acceleration", acceleration)
+        if image:
+            job.set("image", image)
+        jobs.create(job.build())
+    images = {name: jobs.wait_pods(name, 1)[0].spec.containers[0].image for name in cases}
+    assert images == {"ort": "trainer-ort:test", "none": "trainer:test", "auto": "trainer:test",
+                      "compile": "trainer:test", "own": "registry.example.com/mine:1"}
+
+
 def test_running_then_succeeded(jobs, operator, kubelet) -> None:  # type: ignore[no-untyped-def]
     jobs.create(make_job("ok").nodes(2).build())
     pods = jobs.wait_pods("ok", 2)

@@ -63,6 +63,6 @@ GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/"
   ./cmd/etcd
 echo "built in $(( $(date +%s) - start ))s"
 "$bin/kube-apiserver" --version
-"$bin/etcd" --version | head -1
+"$bin/etcd" --version | sed -n 1p  # sed reads to the end: `head` would close the pipe early (SIGPIPE under pipefail)
 echo "v$K8S_VERSION" > "$out/.complete"
 echo "control plane binaries: $bin"

@@ -103,6 +103,7 @@ class NodeAgent:
         namespace: str | None = None,
         state_dir: str | Path | None = None,
         image_venv: str | Path | None = None,
+        image_venvs: dict[str, str | Path] | None = None,
         image_env: dict[str, str] | None = None,
         poll_interval: float = 0.3,
         heartbeat_seconds: float = 10.0,
@@ -117,6 +118,9 @@ class NodeAgent:
         self.claims_dir = Path(claims_dir).resolve()
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="nodeagent-")).resolve()
         self.image_venv = Path(image_venv or default_image_venv()).resolve()
+        # Images that stand for another venv (the ONNX Runtime trainer image -> the ORT stack's venv); every other
+        # image runs in image_venv.
+        self.image_venvs = {image: Path(v).resolve() for image, v in (image_venvs or {}).items()}
         # What a container image would set (Dockerfile.cpu ENV/WORKDIR), plus a thread cap so two ranks on a
         # small machine do not oversubscribe it.
         self.image_env = {
@@ -153,8 +157,9 @@ class NodeAgent:
                 raise RuntimeError(f"the node agent needs {tool!r} (iproute2/util-linux) and root")
         if os.geteuid() != 0:
             raise RuntimeError("the node agent needs root (network and mount namespaces)")
-        if not (self.image_venv / "bin" / "finetune-trainer").exists():
-            raise RuntimeError(f"no finetune-trainer in the image venv {self.image_venv}")
+        for venv in (self.image_venv, *self.image_venvs.values()):
+            if not (venv / "bin" / "finetune-trainer").exists():
+                raise RuntimeError(f"no finetune-trainer in the image venv {venv}")
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.claims_dir.mkdir(parents=True, exist_ok=True)
         Path(STAGE).mkdir(parents=True, exist_ok=True)
@@ -346,8 +351,14 @@ class NodeAgent:
             return data
         return data.get(key)
 
+    def venv_for(self, image: str) -> Path:
+        return self.image_venvs.get(image, self.image_venv)
+
     def _env(self, run: PodRun, c: Any) -> dict[str, str]:
         env = dict(self.image_env)
+        venv = self.venv_for(run.image)
+        env["PATH"] = env["PATH"].replace(str(self.image_venv / "bin"), str(venv / "bin"), 1)
+        env["VIRTUAL_ENV"] = str(venv)
         env["HOSTNAME"] = run.hostname
         for e in c.env or []:
             if e.value_from is None:
@@ -521,7 +532,7 @@ class NodeAgent:
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts}]
 
     def _cstatus(self, run: PodRun, state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
-        return {"name": run.container, "image": run.image, "imageID": f"local://{self.image_venv}",
+        return {"name": run.container, "image": run.image, "imageID": f"local://{self.venv_for(run.image)}",
                 "containerID": f"local://{run.uid}", "ready": ready, "started": "running" in state,
                 "restartCount": 0, "state": state}
 

@@ -48,6 +48,22 @@ def tiny_config(output: Path, example: str = "sequence-classification", **over: 
     return deep_merge(cfg, over)
 
 
+def ort_venv() -> Path:
+    """The ONNX Runtime stack's venv (``$FINETUNE_ORT_VENV``, else where ``.ci/venv.sh`` builds it)."""
+    venv = os.environ.get("FINETUNE_ORT_VENV") or subprocess.run(
+        ["bash", str(REPO / ".ci" / "venv.sh"), "--ort-path"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return Path(venv)
+
+
+def ort_venv_problem() -> str | None:
+    """None when the ORT venv is built, else what is missing (a broken environment: tests fail on it)."""
+    venv = ort_venv()
+    if not (venv / ".complete").exists() or not (venv / "bin" / "finetune-trainer").exists():
+        return f"no ONNX Runtime trainer venv at {venv}: run `make setup` (or .ci/venv.sh)"
+    return None
+
+
 def launcher_cmd() -> list[str]:
     script = Path(sys.executable).with_name("finetune-trainer")
     return [str(script)] if script.exists() else [sys.executable, "-m", "finetune_trainer.launcher"]
@@ -66,6 +82,7 @@ class Node:
         master_port: int | None = None,
         attempt: int = 0,
         extra_env: dict[str, str] | None = None,
+        launcher: list[str] | None = None,
     ) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +117,7 @@ class Node:
         env.update(extra_env or {})
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(
-            launcher_cmd(), cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            launcher or launcher_cmd(), cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     def wait(self, timeout: float = 300) -> int:

@@ -18,7 +18,7 @@ from finetune_trainer.errors import ConfigError, RendezvousTimeout, write_termin
 from finetune_trainer.launcher import classify_failure, read_error_file
 from finetune_trainer.preflight import wait_for_master
 
-from tests.trainer.helpers import TINY, deep_merge, import_required, tiny_config
+from tests.trainer.helpers import TINY, deep_merge, tiny_config
 
 pytestmark = pytest.mark.trainer
 
@@ -219,13 +219,35 @@ def test_remove_incomplete(tmp_path: Path) -> None:
 # --- acceleration ---------------------------------------------------------------------------------------------------
 
 
+BIG = accel.Workload(params=820_000_000, total_steps=5000, tokens_per_step=16 * 512, fill=1.0)  # 2e17 FLOPs
+SHORT = accel.Workload(params=820_000_000, total_steps=60, tokens_per_step=16 * 512, fill=1.0)
+SPARSE = accel.Workload(params=820_000_000, total_steps=5000, tokens_per_step=16 * 512, fill=0.5)
+
+
 @pytest.mark.parametrize(
-    ("requested", "hardware", "expected"),
-    [("auto", "cpu", "none"), ("auto", "cuda", "none"), ("auto", "tpu", "none"), ("ort", "cpu", "ort"),
-     ("compile", "cuda", "compile"), ("none", "cuda", "none")],
+    ("requested", "hardware", "workload", "expected"),
+    [("auto", "cpu", None, "none"), ("auto", "cpu", BIG, "none"), ("auto", "cuda", None, "none"),
+     ("auto", "cuda", SHORT, "none"), ("auto", "cuda", BIG, "compile"), ("auto", "cuda", SPARSE, "none"),
+     ("auto", "tpu", BIG, "none"), ("ort", "cpu", None, "ort"), ("compile", "cuda", SHORT, "compile"),
+     ("none", "cuda", BIG, "none")],
+    ids=["cpu", "cpu-big", "cuda-unknown", "cuda-short", "cuda-big", "cuda-padded", "no-row", "ort", "compile",
+         "none"],
 )  # fmt: skip
-def test_auto_table(requested: str, hardware: str, expected: str) -> None:
-    assert accel.resolve_acceleration(requested, hardware) == expected
+def test_auto_table(requested: str, hardware: str, workload: accel.Workload | None, expected: str) -> None:
+    assert accel.resolve_acceleration(requested, hardware, workload) == expected
+
+
+def test_auto_reasons_name_the_threshold() -> None:
+    assert BIG.flops == pytest.approx(6 * 820e6 * 5000 * 8192)
+    _, why = accel.explain_acceleration("auto", "cuda", SHORT)
+    assert "< 1e+17" in why and "eager" in why
+    _, why = accel.explain_acceleration("auto", "cuda", SPARSE)
+    assert "50%" in why and "padding" in why
+
+
+def test_fused_adamw_is_known_for_the_installed_torch() -> None:
+    """The default stack's torch has fused AdamW kernels for CPU and CUDA (torch >= 2.4)."""
+    assert accel.fused_adamw_supported("cuda") and accel.fused_adamw_supported("cpu")
 
 
 def test_backends() -> None:
@@ -234,15 +256,6 @@ def test_backends() -> None:
     assert accel.make_backend("compile").extra_args == {"torch_compile": True}
     with pytest.raises(ConfigError):
         accel.make_backend("tensorrt")
-
-
-def test_ort_rejects_several_processes_per_node_on_cpu() -> None:
-    import_required("optimum.onnxruntime")
-    if not accel.ort_extensions_built():
-        pytest.fail("ORTModule extensions not built: run trainer-image/install.sh (CI builds them)")
-    with pytest.raises(ConfigError, match="one process per node"):
-        accel.check_available("ort", nproc_per_node=2, cuda_available=False)
-    accel.check_available("ort", nproc_per_node=1, cuda_available=False)
 
 
 # --- metrics --------------------------------------------------------------------------------------------------------
@@ -272,6 +285,37 @@ def test_metric_labels_are_exact() -> None:
     assert 'job="' not in text.replace("finetune_job=", "") and 'namespace="' not in text.replace(
         "finetune_namespace=", ""
     )
+
+
+def test_steady_rates_leave_the_warmup_step_out_and_match_the_gauge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """result.json's throughput and the Prometheus gauge describe the same steps: a 30 s first step (compilation)
+    and the time between steps are left out of both. The clock is the only fake (a step of known length)."""
+    from finetune_trainer import metrics as metrics_module
+    from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics
+    from transformers import TrainerControl, TrainerState
+
+    clock = [0.0]
+    monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: clock[0])
+    m = TrainerMetrics(namespace="ns", job="ft", node_rank=0)
+    import torch
+
+    counter = BatchCounter(lambda features: {"input_ids": torch.ones(len(features), 100, dtype=torch.long)})
+    cb = MetricsCallback(m, counter, nproc_per_node=2, launch_time=0.0, params=1000, peak_flops_per_device=1e12)
+    state, control = TrainerState(), TrainerControl()
+    state.max_steps = 20
+    for step, seconds in enumerate([30.0] + [0.5] * 19, start=1):
+        counter([{}] * 8)  # 8 rows of 100 tokens per process, 2 processes on the node
+        cb.on_step_begin(None, state, control)
+        clock[0] += seconds
+        state.global_step = step
+        cb.on_step_end(None, state, control)
+        clock[0] += 2.0  # data loading, logging, a checkpoint: not a training step
+    samples_per_s, tokens_per_s = cb.steady_rates()
+    assert (samples_per_s, tokens_per_s) == (32.0, 3200.0)  # 16 rows / 0.5 s, first step excluded
+    assert m.samples_per_second._value.get() == pytest.approx(32.0)
+    assert m.tokens_per_second._value.get() == pytest.approx(3200.0)
+    assert cb.first_step_seconds == 30.0 and m.warmup._value.get() == 30.0
+    assert cb.total_samples == 20 * 16  # counters keep every step
 
 
 # --- preflight ------------------------------------------------------------------------------------------------------

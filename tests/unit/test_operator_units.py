@@ -363,10 +363,13 @@ def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # typ
      ["spec.image", "registry.corp/ml/"]),
     ({"podTemplate": {"priorityClassName": "system-cluster-critical"}},
      Settings(allowed_priority_classes=("train-low", "train-high")), "InvalidSpec", ["priorityClassName", "train-low"]),
+    ({"acceleration": "ort"}, Settings(allowed_image_prefixes=("registry.corp/ml/",),
+                                       default_image="registry.corp/ml/trainer:1", ort_image="docker.io/x/ort:1"),
+     "InvalidSpec", ["spec.image: docker.io/x/ort:1", "registry.corp/ml/"]),
     ({"nodes": 64}, Settings(max_nodes_per_job=16), "QuotaExceeded", ["spec.nodes=64", "16 nodes per job"]),
     ({"nodes": 64, "resources": {"limits": {"nvidia.com/gpu": 8}}}, Settings(max_gpus_per_job=256),
      "QuotaExceeded", ["512 GPUs", "256 per job"]),
-], ids=["image", "priority-class", "nodes", "gpus"])
+], ids=["image", "priority-class", "ort-image", "nodes", "gpus"])
 def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
     plan = decide(job(**spec_over), [], now=NOW, settings=settings)
     assert plan.status["state"] == "Failed" and plan.create == []
@@ -383,6 +386,20 @@ def test_guardrails_allow_what_is_allowed() -> None:
     assert plan.status["state"] == "Created"
 
 
+@pytest.mark.parametrize(("over", "image"), [
+    ({"acceleration": "ort"}, "reg/trainer-ort:2"),
+    ({"acceleration": "none"}, "reg/trainer:2"),
+    ({"acceleration": "compile"}, "reg/trainer:2"),
+    ({"acceleration": "auto"}, "reg/trainer:2"),
+    ({"acceleration": "ort", "image": "mine/ort:7"}, "mine/ort:7"),
+    ({"acceleration": "none", "image": "mine/plain:7"}, "mine/plain:7"),
+], ids=["ort", "none", "compile", "auto", "ort-own-image", "none-own-image"])
+def test_acceleration_picks_the_trainer_image(over: dict[str, Any], image: str) -> None:
+    s = Settings(default_image="reg/trainer:2", ort_image="reg/trainer-ort:2")
+    pod = build_pod(REF, parse_spec(base_spec(**over)), rank=0, attempt=0, settings=s)
+    assert pod["spec"]["containers"][0]["image"] == image
+
+
 def test_gpu_jobs_get_nccl_async_errors_and_a_ddp_timeout_inside_the_deadline() -> None:
     spec = parse_spec(base_spec(nodes=2, resources={"limits": {"nvidia.com/gpu": 8}}, activeDeadlineSeconds=3600))
     env = {e["name"]: e.get("value") for e in build_pod(REF, spec, rank=0, attempt=0, settings=Settings())
@@ -397,7 +414,7 @@ def test_gpu_jobs_get_nccl_async_errors_and_a_ddp_timeout_inside_the_deadline() 
     assert cpu_env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 1  # the user's, not a second one
 
 
-def test_time_to_first_step_and_rendezvous_reach_progress() -> None:
+def test_time_to_first_step_warmup_and_rendezvous_reach_progress() -> None:
     from finetune_operator.progress import parse_metrics
     from finetune_trainer.metrics import TrainerMetrics
     from prometheus_client import generate_latest
@@ -406,5 +423,6 @@ def test_time_to_first_step_and_rendezvous_reach_progress() -> None:
     m.total_steps.set(10)
     m.time_to_first_step.set(41.5)
     m.rendezvous_duration.set(3.25)
+    m.warmup.set(38.0)
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=1)
-    assert (p["timeToFirstStepSeconds"], p["rendezvousSeconds"]) == (41.5, 3.25)
+    assert (p["timeToFirstStepSeconds"], p["warmupSeconds"], p["rendezvousSeconds"]) == (41.5, 38.0, 3.25)

@@ -63,6 +63,10 @@ app.kubernetes.io/part-of: finetune-operator
 {{- printf "%s:%s" .Values.trainer.image.repository (default .Chart.AppVersion .Values.trainer.image.tag) }}
 {{- end }}
 
+{{- define "finetune-operator.trainerOrtImage" -}}
+{{- printf "%s:%s" .Values.trainer.ortImage.repository (default .Chart.AppVersion .Values.trainer.ortImage.tag) }}
+{{- end }}
+
 {{/* Validated watched namespaces: required, and only meaningful, for rbac.scope=namespaced. */}}
 {{- define "finetune-operator.watchNamespaces" -}}
 {{- if eq .Values.rbac.scope "namespaced" }}

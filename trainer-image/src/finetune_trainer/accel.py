@@ -1,10 +1,20 @@
 """Acceleration backends behind one small factory, with lazy imports (Optimum/ONNX Runtime load only for ``ort``).
 
-``acceleration: auto`` picks from :data:`AUTO_TABLE`, keyed by hardware class. Every row other than eager must be
-backed by a measurement in docs/benchmarks.md for that hardware class; a class with no measurement falls back to
-eager. Today's rows: CPU -> eager (ORT 0.93-1.08x eager; torch.compile 1.07-1.24x in the steady state but with
-17-53 s of warm-up, and 0.77-0.86x in FACTS.md's dynamic-shape setting: not a safe default); CUDA -> eager (no GPU
-measurement recorded yet).
+``acceleration: auto`` picks from :data:`AUTO_TABLE`, keyed by hardware class; every row is backed by a measurement
+in docs/benchmarks.md ("Trainer throughput", "How acceleration: auto decides"), and a class with no row falls back to
+eager:
+
+- CPU -> eager: neither ONNX Runtime (0.93-1.08x eager) nor torch.compile (0.77-1.24x, plus 17-53 s of warm-up) is
+  a safe gain on CPUs.
+- CUDA -> torch.compile when the run is big enough to repay compilation, eager otherwise. Measured on an H200:
+  compile is 1.05-1.20x eager on BERT-base and 1.56x on a 0.8 B Llama-architecture decoder, after 21-40 s of
+  warm-up. The break-even of those runs lies at 3.4e16-7.5e16 FLOPs of training work (6 x parameters x tokens),
+  so ``auto`` compiles from :data:`COMPILE_MIN_WORK_FLOPS` = 1e17, above every measured break-even (about 5 minutes
+  of eager training at the measured MFU). Compiled batches are padded to ``maxSeqLength`` (one graph), so when the rows fill less than
+  :data:`COMPILE_MIN_FILL` of it, the padding costs more than the measured gain and ``auto`` stays eager.
+
+Every path other than ``ort`` uses the library's default attention, which is SDPA on the default stack (1.21x eager
+attention on the H200), and fused AdamW where the installed torch has it for the device.
 """
 
 from __future__ import annotations
@@ -17,11 +27,39 @@ from typing import Any
 
 from finetune_trainer.errors import ConfigError
 
-# hardware class -> acceleration; see docs/benchmarks.md "Trainer throughput" for the figures behind each row.
-AUTO_TABLE: dict[str, str] = {
-    "cpu": "none",
-    "cuda": "none",
+COMPILE_MIN_WORK_FLOPS = 1e17
+COMPILE_MIN_FILL = 0.9
+
+
+@dataclass(frozen=True)
+class AutoRow:
+    """What ``auto`` runs on one hardware class; below ``min_work_flops`` of estimated training work, or with rows
+    that fill less than ``min_fill`` of ``maxSeqLength``, eager instead."""
+
+    acceleration: str
+    min_work_flops: float = 0.0
+    min_fill: float = 0.0
+
+
+# hardware class -> row; see docs/benchmarks.md "Trainer throughput" for the figures behind each row.
+AUTO_TABLE: dict[str, AutoRow] = {
+    "cpu": AutoRow("none"),
+    "cuda": AutoRow("compile", min_work_flops=COMPILE_MIN_WORK_FLOPS, min_fill=COMPILE_MIN_FILL),
 }
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What ``auto`` weighs: estimated training work and how full the padded rows are."""
+
+    params: int
+    total_steps: int
+    tokens_per_step: int  # global batch x maxSeqLength: what a compiled (padded) step processes
+    fill: float  # mean row length / maxSeqLength, in (0, 1]
+
+    @property
+    def flops(self) -> float:
+        return 6.0 * self.params * self.total_steps * self.tokens_per_step
 
 
 def hardware_class(cuda_available: bool | None = None) -> str:
@@ -32,11 +70,50 @@ def hardware_class(cuda_available: bool | None = None) -> str:
     return "cuda" if cuda_available else "cpu"
 
 
-def resolve_acceleration(requested: str, hardware: str) -> str:
-    """``auto`` -> the table's row for ``hardware`` (eager when the class has no row); others pass through."""
+def resolve_acceleration(requested: str, hardware: str, workload: Workload | None = None) -> str:
+    """``auto`` -> the table's row for ``hardware`` (eager when the class has no row, or when the row's thresholds
+    are not met or cannot be judged yet because ``workload`` is unknown); others pass through."""
+    return explain_acceleration(requested, hardware, workload)[0]
+
+
+def explain_acceleration(requested: str, hardware: str, workload: Workload | None = None) -> tuple[str, str]:
+    """:func:`resolve_acceleration` plus the reason, for the log and result.json."""
     if requested != "auto":
-        return requested
-    return AUTO_TABLE.get(hardware, "none")
+        return requested, f"requested {requested}"
+    row = AUTO_TABLE.get(hardware)
+    if row is None:
+        return "none", f"auto: no measured row for {hardware}: eager"
+    if row.acceleration == "none":
+        return "none", f"auto: {hardware} row is eager"
+    if workload is None:
+        return "none", f"auto: {hardware} row is {row.acceleration} once the workload is known"
+    if workload.flops < row.min_work_flops:
+        return "none", (
+            f"auto: estimated work {workload.flops:.2g} FLOPs < {row.min_work_flops:.2g}: "
+            f"{row.acceleration}'s warm-up would not pay; eager"
+        )
+    if workload.fill < row.min_fill:
+        return "none", (
+            f"auto: rows fill {workload.fill:.0%} of maxSeqLength < {row.min_fill:.0%}: padding for "
+            f"{row.acceleration} would cost more than it gains; eager"
+        )
+    return row.acceleration, (
+        f"auto: estimated work {workload.flops:.2g} FLOPs >= {row.min_work_flops:.2g}, rows fill {workload.fill:.0%} "
+        f"of maxSeqLength: {row.acceleration}"
+    )
+
+
+def fused_adamw_supported(device_type: str) -> bool:
+    """Whether this torch has a fused AdamW kernel for the device ('cuda' always; 'cpu' from torch 2.4)."""
+    import torch
+
+    if device_type == "cuda":
+        return True
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+    except ImportError:  # a private helper: without it, only CUDA is known to be safe
+        return False
+    return device_type in _get_fused_kernels_supported_devices()
 
 
 def ort_torch_cpp_dir() -> str | None:
@@ -62,8 +139,10 @@ def check_available(kind: str, *, nproc_per_node: int, cuda_available: bool) -> 
         if missing:
             raise ConfigError(
                 "acceleration",
-                f"'ort' needs {', '.join(missing)}, which this image lacks; use the ONNX Runtime trainer image "
-                "(Python 3.11, torch 2.6, transformers <= 4.50.3) or set spec.acceleration to 'none' or 'compile'",
+                f"'ort' needs {', '.join(missing)}, which this image lacks: ORTTrainer runs only on the ONNX Runtime "
+                "trainer image (Python 3.11, torch 2.6, transformers 4.50.3), which the operator picks for "
+                "acceleration 'ort' unless spec.image is set (Helm value trainer.ortImage); remove spec.image or "
+                "point it at an ONNX Runtime image, or set spec.acceleration to 'auto', 'none' or 'compile'",
             )
         if not ort_extensions_built():
             raise ConfigError(
@@ -75,7 +154,7 @@ def check_available(kind: str, *, nproc_per_node: int, cuda_available: bool) -> 
             raise ConfigError(
                 "acceleration",
                 "'ort' on CPU supports one process per node (Optimum's ORTTrainer calls torch.cuda.set_device for "
-                "local ranks > 0); set spec.nprocPerNode to 1 or spec.acceleration to 'none'",
+                "local ranks > 0); set spec.procsPerNode to 1 or spec.acceleration to 'none'",
             )
 
 

@@ -1,4 +1,4 @@
-"""The env contract every trainer pod receives (DESIGN.md: "The rendezvous / env contract")."""
+"""The env contract every trainer pod receives (trainer-image/README.md, "Env contract")."""
 
 from __future__ import annotations
 

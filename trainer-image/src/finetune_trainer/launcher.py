@@ -179,7 +179,7 @@ def _fail(code: int, message: str) -> int:
 def run() -> int:
     launch_time = time.time()
     original_env = dict(os.environ)
-    # Accelerate treats WORLD_SIZE > 1 as "this process is distributed": the launcher is not (DESIGN.md pitfall).
+    # Accelerate treats WORLD_SIZE > 1 as "this process is distributed": the launcher is not.
     os.environ.pop("WORLD_SIZE", None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(message)s")
 

@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -111,6 +112,10 @@ class TrainerMetrics:
         self.time_to_first_step = gauge(
             "finetune_time_to_first_step_seconds", "Seconds from launcher start to the end of the first optimizer step"
         )
+        self.warmup = gauge(
+            "finetune_train_warmup_seconds",
+            "Wall time of the first optimizer step (compilation or ONNX export happen there), kept out of the rates",
+        )
         self.rendezvous_duration = gauge(
             "finetune_rendezvous_duration_seconds", "Seconds from launcher start until the process group was formed"
         )
@@ -130,29 +135,32 @@ class TrainerMetrics:
 
 
 class BatchCounter:
-    """Wraps a data collator to count rows and non-padding tokens of the batches it builds (rank-local)."""
+    """Wraps a data collator to count rows and non-padding tokens of the batches it builds (rank-local).
+
+    Batches are queued in the order they are built and taken per optimizer step (``gradient_accumulation_steps``
+    at a time): the dataloader builds one batch ahead (Accelerate looks ahead to find the end of an epoch), so
+    "what was built since the last step" would count a batch that has not been trained on yet and, at the start of
+    every epoch, two batches in one step."""
 
     def __init__(self, collator: Any) -> None:
         self.collator = collator
         self._lock = threading.Lock()
-        self.samples = 0
-        self.tokens = 0
+        self._built: deque[tuple[int, int]] = deque()
 
     def __call__(self, features: list[dict[str, Any]]) -> Any:
         batch = self.collator(features)
         mask = batch.get("attention_mask")
         tokens = int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
         with self._lock:
-            self.samples += len(features)
-            self.tokens += tokens
+            self._built.append((len(features), tokens))
         return batch
 
-    def take(self) -> tuple[int, int]:
+    def take(self, batches: int | None = None) -> tuple[int, int]:
+        """Rows and tokens of the next ``batches`` batches in training order (all queued ones when None)."""
         with self._lock:
-            counts = (self.samples, self.tokens)
-            self.samples = self.tokens = 0
-        return counts
-
+            n = len(self._built) if batches is None else min(batches, len(self._built))
+            taken = [self._built.popleft() for _ in range(n)]
+        return sum(t[0] for t in taken), sum(t[1] for t in taken)
 
 class MetricsCallback(TrainerCallback):
     """Updates :class:`TrainerMetrics` from the Trainer's events. Cheap: a few clock reads and Python arithmetic
@@ -183,6 +191,12 @@ class MetricsCallback(TrainerCallback):
         self._avg_tokens_per_s: float | None = None
         self.total_samples = 0
         self.total_tokens = 0
+        # Steady state: every step after the first (which carries compilation / export warm-up).
+        self.steady_samples = 0
+        self.steady_tokens = 0
+        self.steady_seconds = 0.0
+        self.first_step_seconds: float | None = None
+        self.time_to_first_step: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.m.total_steps.set(state.max_steps)
@@ -197,7 +211,7 @@ class MetricsCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter()
         duration = now - (self._step_start if self._step_start is not None else now)
-        samples, tokens = self.counter.take()
+        samples, tokens = self.counter.take(getattr(args, "gradient_accumulation_steps", 1) or 1)
         samples *= self.nproc
         tokens *= self.nproc
         m = self.m
@@ -210,11 +224,17 @@ class MetricsCallback(TrainerCallback):
         m.epoch.set(state.epoch or 0.0)
         if not self._first_step_seen:
             self._first_step_seen = True
-            m.time_to_first_step.set(time.time() - self.launch_time)
+            self.first_step_seconds = duration
+            self.time_to_first_step = time.time() - self.launch_time
+            m.time_to_first_step.set(self.time_to_first_step)
+            m.warmup.set(duration)
             return  # the first step includes warm-up (compilation, ORT export): keep it out of the rates
         m.step_duration.observe(duration)
         if duration <= 0:
             return
+        self.steady_samples += samples
+        self.steady_tokens += tokens
+        self.steady_seconds += duration
         a = self.ema
         self._avg_step = duration if self._avg_step is None else (1 - a) * self._avg_step + a * duration
         sps, tps = samples / duration, tokens / duration
@@ -226,6 +246,13 @@ class MetricsCallback(TrainerCallback):
         m.tokens_per_second.set(self._avg_tokens_per_s)
         m.eta.set(max(0, state.max_steps - state.global_step) * self._avg_step)
         m.mfu.set(mfu(self.params, self._avg_tokens_per_s, self.peak, self.nproc))
+
+    def steady_rates(self) -> tuple[float | None, float | None]:
+        """(samples/s, tokens/s) of this node over every step after the first: the figure the gauges track, without
+        start-up, compilation, data loading between steps or checkpoint saves."""
+        if self.steady_seconds <= 0:
+            return None, None
+        return self.steady_samples / self.steady_seconds, self.steady_tokens / self.steady_seconds
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not logs:

@@ -100,6 +100,8 @@ def build_training_args(config: Config, backend: accel.Backend, ident: Identity,
         "ddp_find_unused_parameters": False,
         "bf16": precision == "bf16",
         "fp16": precision == "fp16",
+        # Fused AdamW (one kernel per parameter group) where torch has it for the device; ort overrides it.
+        "optim": "adamw_torch_fused" if accel.fused_adamw_supported("cuda" if cuda else "cpu") else "adamw_torch",
         **compat.eval_strategy_kwargs(args_cls, t.eval_strategy, t.eval_every_steps),
     }
     if t.max_steps is not None:
@@ -133,7 +135,14 @@ def load_tokenizer(config: Config) -> Any:
     return tok
 
 
-def load_model(config: Config, backend: accel.Backend, tokenizer: Any, labels: list[str] | None) -> Any:
+def load_model(
+    config: Config, backend: accel.Backend, tokenizer: Any, labels: list[str] | None, *, device: str | None = None
+) -> Any:
+    """The model, with LoRA when configured. ``initFromConfig`` models are built and initialised directly on
+    ``device`` (a GPU initialises a billion parameters in well under a second; the CPU takes tens of seconds)."""
+    import contextlib
+
+    import torch
     import transformers
 
     m = config.model
@@ -149,7 +158,8 @@ def load_model(config: Config, backend: accel.Backend, tokenizer: Any, labels: l
     auto = _auto_classes(config.task)
     transformers.set_seed(config.training.seed)  # identical random init on every rank
     if m.init_from_config:
-        model = auto.from_config(model_config, **common, **attn)
+        with torch.device(device) if device else contextlib.nullcontext():
+            model = auto.from_config(model_config, **common, **attn)
     else:
         model = auto.from_pretrained(m.source, config=model_config, **common, **hub, **attn)
     if config.training.lora is not None:
@@ -203,6 +213,28 @@ def params_checksum(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def workload(config: Config, ident: Identity, *, params: int, train_rows: int, mean_row_tokens: float) -> accel.Workload:
+    """The run as ``acceleration: auto`` weighs it: optimizer steps x global batch x maxSeqLength tokens."""
+    t = config.training
+    rows_per_step = t.per_device_batch_size * ident.world_size * t.gradient_accumulation_steps
+    if t.max_steps is not None:
+        steps = t.max_steps
+    else:
+        steps = math.ceil(t.epochs * max(1, math.ceil(train_rows / rows_per_step)))
+    return accel.Workload(
+        params=params,
+        total_steps=steps,
+        tokens_per_step=rows_per_step * t.max_seq_length,
+        fill=min(1.0, mean_row_tokens / t.max_seq_length) if t.max_seq_length else 1.0,
+    )
+
+
+def mean_row_tokens(ds: Any) -> float:
+    """Mean tokenized row length (before padding)."""
+    lengths = [len(ids) for ids in ds["input_ids"]]
+    return sum(lengths) / len(lengths) if lengths else 0.0
+
+
 def _write_json(path: str, payload: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
@@ -216,24 +248,18 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda))
+    hardware = accel.hardware_class(cuda)
+    # ``auto`` is settled once model and data are known (the CUDA row weighs the workload); until then the
+    # process group forms and the data loads under eager arguments.
+    kind, why = accel.explain_acceleration(config.acceleration, hardware)
     backend = accel.make_backend(kind)
     precision = resolve_precision(
         config.training.precision, cuda=cuda, bf16_supported=cuda and torch.cuda.is_bf16_supported()
     )
-    log.info(
-        "rank %d/%d (node %d): task=%s acceleration=%s->%s precision=%s",
-        ident.rank,
-        ident.world_size,
-        ident.node_rank,
-        config.task,
-        config.acceleration,
-        kind,
-        precision,
-    )
     args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
     _ = args.device  # forms the process group (torchrun env) now, so the rendezvous time is measurable
     rendezvous_s = time.time() - launch_time
+    phases = {"rendezvous_seconds": rendezvous_s}
     control_group = None
     if dist.is_initialized() and dist.get_backend() != "gloo":
         control_group = dist.new_group(backend="gloo")  # SIGTERM agreement without GPU syncs
@@ -271,8 +297,29 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     if len(train_ds) == 0:
         raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
 
-    model = load_model(config, backend, tokenizer, labels)
+    phases["data_seconds"] = time.time() - launch_time - sum(phases.values())
+    model = load_model(config, backend, tokenizer, labels, device=f"cuda:{ident.local_rank}" if cuda else None)
     params = sum(p.numel() for p in model.parameters())
+    phases["model_seconds"] = time.time() - launch_time - sum(phases.values())
+    if config.acceleration == "auto":
+        load = workload(config, ident, params=params, train_rows=len(train_ds), mean_row_tokens=mean_row_tokens(train_ds))
+        kind, why = accel.explain_acceleration("auto", hardware, load)
+        if kind != backend.name:
+            backend = accel.make_backend(kind)
+            args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    log.info(
+        "rank %d/%d (node %d): task=%s acceleration=%s (%s) precision=%s attention=%s optim=%s",
+        ident.rank,
+        ident.world_size,
+        ident.node_rank,
+        config.task,
+        kind,
+        why,
+        precision,
+        attention,
+        args.optim,
+    )
     device_name = torch.cuda.get_device_name(0) if cuda else None
     counter = BatchCounter(make_collator(config, tokenizer, static_shapes=kind == "compile"))
     metrics_cb = MetricsCallback(
@@ -328,8 +375,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     if ident.rank == 0:
         resumed_from = resume.step if resume else 0
         steps_run = state.global_step - resumed_from
-        samples = metrics_cb.total_samples * ident.nnodes
-        tokens = metrics_cb.total_tokens * ident.nnodes
+        samples_per_s, tokens_per_s = metrics_cb.steady_rates()  # this node's; every node runs the same batches
         _write_json(
             config.result_path,
             {
@@ -339,11 +385,22 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                 "final_loss": final_loss,
                 "train_loss_mean": output.training_loss,
                 "loss_history": losses,
-                "samples_per_second": samples / runtime if runtime > 0 else None,
-                "tokens_per_second": tokens / runtime if runtime > 0 else None,
+                # Steady state, as the status and the Prometheus gauges show it (job-wide: nodes x node rate);
+                # start-up and warm-up are the separate figures below.
+                "samples_per_second": samples_per_s * ident.nnodes if samples_per_s is not None else None,
+                "tokens_per_second": tokens_per_s * ident.nnodes if tokens_per_s is not None else None,
+                "samples": metrics_cb.total_samples * ident.nnodes,
+                "tokens": metrics_cb.total_tokens * ident.nnodes,
                 "runtime_seconds": runtime,
+                "time_to_first_step_seconds": metrics_cb.time_to_first_step,
+                "warmup_seconds": metrics_cb.first_step_seconds,
+                "startup": {k: round(v, 3) for k, v in phases.items()},
                 "resumed_from_step": resumed_from,
                 "acceleration": kind,
+                "acceleration_requested": config.acceleration,
+                "acceleration_reason": why,
+                "attention": attention,
+                "optimizer": str(getattr(args.optim, "value", args.optim)),
                 "precision": precision,
                 "world_size": ident.world_size,
                 "attempt": ident.attempt,

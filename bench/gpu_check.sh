@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# GPU check in one script: on a machine with one NVIDIA GPU and the default trainer stack's packages (torch,
+# transformers, accelerate, datasets, peft, prometheus-client, jsonschema, pyyaml), from the repository root:
+#
+#   bash bench/gpu_check.sh                  # ~4-5 minutes on an H100/H200-class GPU
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh
+#   GPU_CHECK_DEVICE=cpu bash bench/gpu_check.sh   # the same steps at toy sizes on a CPU (checks the script itself)
+#
+# 1. `finetune run-local` of a decoder LLM job (Llama-architecture config, 0.82 B parameters, random init, 512-token
+#    rows, batch 16, bf16, acceleration auto) on the GPU; rank 0's Prometheus endpoint is scraped mid-run and the
+#    MFU gauge must be a number (not NaN); result.json's steady-state tokens/s is compared with the gauge.
+# 2. bench/trainer_throughput.py (one process per model, a GPU warm-up before the first timed path): BERT-base
+#    seq 128 batch 64 (eager with SDPA, eager attention, compile), batch 256 (eager, compile), and the decoder
+#    (eager, compile).
+# Everything lands in $OUT (default /tmp/gpu-check): logs, result.json, the scrapes, one JSON per bench and
+# summary.md. Exit status: non-zero when a step fails or the MFU gauge is NaN on the GPU.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH="$PWD/operator:$PWD/trainer-image/src${PYTHONPATH:+:$PYTHONPATH}"
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/gpu-check}
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+mkdir -p "$OUT"
+start=$(date +%s)
+log() { echo "[gpu_check +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summary.log"; }
+
+if [[ $DEVICE == cuda ]]; then
+  hidden=2048 layers=16 seq=512 batch=16 steps=150 rows=4000
+  bert=(--hidden 768 --layers 12) bert_steps=(--steps 20 --warmup 3) llm=(--hidden 2048 --layers 16 --seq 512)
+  big_batch=256 llm_batch=16
+else
+  hidden=128 layers=2 seq=64 batch=4 steps=40 rows=400
+  bert=(--hidden 64 --layers 2) bert_steps=(--steps 3 --warmup 1) llm=(--hidden 128 --layers 2 --seq 64)
+  big_batch=8 llm_batch=4
+fi
+
+log "versions"
+"$PY" - <<'PY' | tee "$OUT/versions.txt"
+import platform, torch, transformers, accelerate
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+print(f"python {platform.python_version()} torch {torch.__version__} transformers {transformers.__version__} "
+      f"accelerate {accelerate.__version__} cuda {torch.version.cuda} device {gpu}")
+PY
+if [[ $DEVICE == cuda ]]; then
+  "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "no CUDA device visible to torch")'
+fi
+
+# --- 1. run-local of the decoder job, scraped mid-run ----------------------------------------------------------------
+work="$OUT/llm"
+rm -rf "$work" && mkdir -p "$work/model" "$work/data"
+"$PY" - "$work" "$hidden" "$layers" "$seq" "$rows" <<'PY'
+import json, random, shutil, sys
+from pathlib import Path
+import transformers
+work, hidden, layers, seq, rows = Path(sys.argv[1]), *map(int, sys.argv[2:])
+tok_dir = Path("examples/tiny/gpt2")
+for f in tok_dir.iterdir():
+    if f.name != "config.json":
+        shutil.copy(f, work / "model" / f.name)
+tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+cfg = transformers.LlamaConfig(
+    vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=max(1, hidden // 128),
+    num_key_value_heads=max(1, hidden // 128), intermediate_size=int(2.75 * hidden), max_position_embeddings=2048,
+    bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+cfg.save_pretrained(work / "model")
+words = [w for w in tok.get_vocab() if w.isalpha()][:2000] or ["token"]
+rng = random.Random(0)
+with open(work / "data" / "train.jsonl", "w") as f:
+    for _ in range(rows):  # rows longer than maxSeqLength: every row is truncated to a full one
+        f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(seq * 2))}) + "\n")
+PY
+cat > "$work/job.yaml" <<EOF
+apiVersion: finetune.dev/v1alpha1
+kind: FineTuneJob
+metadata:
+  name: gpu-check
+  annotations:
+    finetune.dev/run-local-mounts: "/workspace=."
+spec:
+  task: causal-lm
+  model: {path: /workspace/model, initFromConfig: true}
+  dataset: {path: /workspace/data, textField: text}
+  training:
+    maxSteps: $steps
+    perDeviceBatchSize: $batch
+    learningRate: 0.0003
+    maxSeqLength: $seq
+    checkpointEverySteps: 100000
+    extraArgs: {logging_steps: 10}
+  acceleration: auto
+  nodes: 1
+  output: {claimName: output}
+EOF
+log "run-local: Llama ${hidden}x${layers}, seq $seq, batch $batch, $steps steps, acceleration auto"
+"$PY" -m finetune_operator.cli run-local "$work/job.yaml" --workdir "$work/out" > "$work/run-local.log" 2>&1 &
+runner=$!
+scrape() { "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=2).read().decode())' 2>/dev/null; }
+value() { awk -v n="$1" '$1 ~ "^"n"\\{" {print $2}' "$2" | head -n1; }
+mid=""
+for _ in $(seq 1 600); do
+  if ! kill -0 "$runner" 2>/dev/null; then break; fi
+  if scrape > "$work/scrape.txt" && [[ "$(value finetune_train_steps_total "$work/scrape.txt")" =~ ^[0-9.]+$ ]] \
+     && awk -v s="$(value finetune_train_steps_total "$work/scrape.txt")" -v t="$steps" 'BEGIN {exit !(s >= t / 2)}'; then
+    cp "$work/scrape.txt" "$work/scrape-mid.txt"; mid=yes; break
+  fi
+  sleep 0.5
+done
+rc=0; wait "$runner" || rc=$?
+[[ $rc == 0 ]] || { tail -40 "$work/run-local.log"; log "run-local failed (exit $rc)"; exit 1; }
+[[ -n $mid ]] || { log "no mid-run scrape of 127.0.0.1:9400"; exit 1; }
+"$PY" - "$work" "$DEVICE" <<'PY' | tee -a "$OUT/summary.log"
+import json, math, sys
+from pathlib import Path
+from prometheus_client.parser import text_string_to_metric_families
+work, device = Path(sys.argv[1]), sys.argv[2]
+g = {s.name: s.value for f in text_string_to_metric_families((work / "scrape-mid.txt").read_text()) for s in f.samples}
+r = json.loads((work / "out" / "result.json").read_text())
+mfu, gauge_tps = g["finetune_train_mfu"], g["finetune_train_tokens_per_second"]
+print(f"run-local: acceleration {r['acceleration']} ({r['acceleration_reason']}), attention {r['attention']}, "
+      f"optimizer {r['optimizer']}, precision {r['precision']}, params {r['params'] / 1e9:.2f} B")
+print(f"run-local: mid-run gauges: MFU {mfu:.3f}, {gauge_tps:,.0f} tokens/s; result.json {r['tokens_per_second']:,.0f} "
+      f"tokens/s (ratio {r['tokens_per_second'] / gauge_tps:.2f}); time to first step "
+      f"{r['time_to_first_step_seconds']:.1f} s (warm-up step {r['warmup_seconds']:.1f} s, start-up {r['startup']})")
+if device == "cuda" and math.isnan(mfu):
+    sys.exit("MFU gauge is NaN on the GPU (device missing from PEAK_FLOPS?)")
+PY
+
+# --- 2. throughput bench, side by side within each process --------------------------------------------------------------
+bench() {
+  local name=$1; shift
+  log "bench $name: $*"
+  "$PY" bench/trainer_throughput.py --device "$DEVICE" --json "$OUT/bench-$name.json" "$@" > "$OUT/bench-$name.log" 2>&1 \
+    || { tail -30 "$OUT/bench-$name.log"; exit 1; }
+  sed -n '/^device=/,$p' "$OUT/bench-$name.log" | tee -a "$OUT/summary.log"
+}
+bench bert-b64 "${bert[@]}" "${bert_steps[@]}" --seq 128 --batch 64 --paths eager,eager-attention,compile
+bench bert-b256 "${bert[@]}" "${bert_steps[@]}" --seq 128 --batch "$big_batch" --paths eager,compile
+bench llama "${llm[@]}" "${bert_steps[@]}" --model llama --batch "$llm_batch" --paths eager,compile
+log "done in $(( $(date +%s) - start ))s; summary: $OUT/summary.log"
