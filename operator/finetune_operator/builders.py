@@ -1,7 +1,7 @@
 """Pure builders: a parsed FineTuneJob in, Kubernetes objects (plain dicts) out. No I/O here.
 
-Objects per job J with N nodes (trainer-image/README.md, "Env contract"): headless Service ``J``, ConfigMap ``J-config`` with the
-trainer's config JSON, and Pods ``J-node-0 … J-node-(N-1)`` carrying the rendezvous env contract.
+Objects per job J with N nodes (trainer-image/README.md, "Env contract"): headless Service ``J``, ConfigMap
+``J-config`` with the trainer's config JSON, and Pods ``J-node-0 … J-node-(N-1)`` carrying the rendezvous env contract.
 """
 
 from __future__ import annotations
@@ -186,7 +186,8 @@ def build_config_map(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
 
 
 def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list[dict[str, str]]:
-    """The rendezvous env of one pod (trainer-image/README.md, "Env contract"); torchrun reads every PET_* as a flag default."""
+    """The rendezvous env of one pod (trainer-image/README.md, "Env contract"); torchrun reads every PET_* as a
+    flag default."""
     addr = master_addr(ref.name)
     pairs = [
         ("PET_NNODES", spec.nodes), ("NNODES", spec.nodes),

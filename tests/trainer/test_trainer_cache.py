@@ -497,15 +497,29 @@ def test_unwritable_cache_is_a_config_error(tmp_path: Path) -> None:
     assert e.value.field == "cache.path"
 
 
+def hub_http_error(cls: type, message: str, status: int) -> Exception:
+    """An HTTP error of huggingface_hub as it raises it: 2.x errors carry their (httpx2) response."""
+    import inspect
+
+    if "response" not in inspect.signature(cls.__init__).parameters:
+        return cls(message)
+    import httpx2
+
+    request = httpx2.Request("GET", "https://huggingface.co/api/models/x")
+    return cls(message, response=httpx2.Response(status, request=request))
+
+
 def test_errors_split_into_config_errors_and_retryable_ones() -> None:
     from datasets.exceptions import DatasetNotFoundError
     from huggingface_hub import errors as hub
 
-    missing = hfcache.classify(hub.RepositoryNotFoundError("404 Repository Not Found"), "model.name", "model 'x'")
+    repo_missing = hub_http_error(hub.RepositoryNotFoundError, "404 Repository Not Found", 404)
+    missing = hfcache.classify(repo_missing, "model.name", "model 'x'")
     assert isinstance(missing, ConfigError) and missing.field == "model.name" and "spec.model.name" in str(missing)
-    gated = hfcache.classify(hub.GatedRepoError("403 gated"), "model.name", "model 'x'")
+    gated = hfcache.classify(hub_http_error(hub.GatedRepoError, "403 gated", 403), "model.name", "model 'x'")
     assert isinstance(gated, ConfigError) and "HF_TOKEN" in str(gated)
-    assert isinstance(hfcache.classify(hub.RevisionNotFoundError("rev"), "model.name", "m"), ConfigError)
+    revision = hub_http_error(hub.RevisionNotFoundError, "rev", 404)
+    assert isinstance(hfcache.classify(revision, "model.name", "m"), ConfigError)
     assert isinstance(hfcache.classify(DatasetNotFoundError("gone"), "dataset.name", "d"), ConfigError)
     # "Not cached and no network" subclasses EntryNotFoundError, but it is the network: retried, not exit 78.
     offline = hfcache.classify(hub.LocalEntryNotFoundError("check your connection"), "model.name", "m")

@@ -245,6 +245,21 @@ def test_auto_reasons_name_the_threshold() -> None:
     assert "50%" in why and "padding" in why
 
 
+def test_workload_is_one_devices_share(tmp_path: Path) -> None:
+    """auto weighs what one GPU trains (each compiles on its own): 16 ranks on the same epochs do 1/16 of the steps."""
+    from finetune_trainer.worker import Identity, workload
+
+    cfg = parse_config(valid(tmp_path, training={"maxSteps": None, "epochs": 2, "perDeviceBatchSize": 8,
+                                                 "gradientAccumulationSteps": 2, "maxSeqLength": 512}))  # fmt: skip
+    one = Identity(rank=0, local_rank=0, world_size=1, node_rank=0, nproc_per_node=1, nnodes=1, attempt=0)
+    many = Identity(rank=0, local_rank=0, world_size=16, node_rank=0, nproc_per_node=8, nnodes=2, attempt=0)
+    w1 = workload(cfg, one, params=1000, train_rows=32_000, mean_row_tokens=256)
+    w16 = workload(cfg, many, params=1000, train_rows=32_000, mean_row_tokens=256)
+    assert (w1.total_steps, w1.tokens_per_step, w1.fill) == (4000, 8 * 2 * 512, 0.5)
+    assert (w16.total_steps, w16.tokens_per_step) == (250, 8 * 2 * 512)
+    assert w16.flops == pytest.approx(w1.flops / 16)
+
+
 def test_fused_adamw_is_known_for_the_installed_torch() -> None:
     """The default stack's torch has fused AdamW kernels for CPU and CUDA (torch >= 2.4)."""
     assert accel.fused_adamw_supported("cuda") and accel.fused_adamw_supported("cpu")

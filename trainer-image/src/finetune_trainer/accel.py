@@ -8,9 +8,10 @@ eager:
   a safe gain on CPUs.
 - CUDA -> torch.compile when the run is big enough to repay compilation, eager otherwise. Measured on an H200:
   compile is 1.05-1.20x eager on BERT-base and 1.56x on a 0.8 B Llama-architecture decoder, after 21-40 s of
-  warm-up. The break-even of those runs lies at 3.4e16-7.5e16 FLOPs of training work (6 x parameters x tokens),
-  so ``auto`` compiles from :data:`COMPILE_MIN_WORK_FLOPS` = 1e17, above every measured break-even (about 5 minutes
-  of eager training at the measured MFU). Compiled batches are padded to ``maxSeqLength`` (one graph), so when the rows fill less than
+  warm-up. The break-even of those runs lies at 3.4e16-7.5e16 FLOPs of training work per GPU (6 x parameters x
+  tokens), so ``auto`` compiles from :data:`COMPILE_MIN_WORK_FLOPS` = 1e17 per device, above every measured
+  break-even (about 5 minutes of eager training at the measured MFU). Per device, because every GPU compiles on its
+  own while the work is shared among them. Compiled batches are padded to ``maxSeqLength`` (one graph), so when the rows fill less than
   :data:`COMPILE_MIN_FILL` of it, the padding costs more than the measured gain and ``auto`` stays eager.
 
 Every path other than ``ort`` uses the library's default attention, which is SDPA on the default stack (1.21x eager
@@ -50,11 +51,11 @@ AUTO_TABLE: dict[str, AutoRow] = {
 
 @dataclass(frozen=True)
 class Workload:
-    """What ``auto`` weighs: estimated training work and how full the padded rows are."""
+    """What ``auto`` weighs: estimated training work of one device and how full the padded rows are."""
 
     params: int
     total_steps: int
-    tokens_per_step: int  # global batch x maxSeqLength: what a compiled (padded) step processes
+    tokens_per_step: int  # per-device rows per step x maxSeqLength: what one device's compiled (padded) step processes
     fill: float  # mean row length / maxSeqLength, in (0, 1]
 
     @property

@@ -297,6 +297,23 @@ def model_ignore_patterns(files: list[str], *, weights: bool) -> list[str]:
     return ignore
 
 
+def cached_model_files(hub_cache: str, repo_id: str, revision: str) -> list[str]:
+    """Files of the cached snapshot of ``repo_id`` at ``revision`` (a branch, tag or commit), [] when absent.
+    Offline, huggingface_hub (2.x) checks a snapshot against the repository's cached file listing, filtered by the
+    ignore patterns: the patterns must be those of the fetch that filled the cache (no pickles next to
+    safetensors), or the pickles it skipped count as missing."""
+    repo = os.path.join(hub_cache, "models--" + repo_id.replace("/", "--"))
+    ref = os.path.join(repo, "refs", revision)
+    commit = revision
+    if os.path.isfile(ref):
+        with open(ref, encoding="utf-8") as f:
+            commit = f.read().strip()
+    snapshot = os.path.join(repo, "snapshots", commit)
+    return [
+        os.path.relpath(os.path.join(d, name), snapshot) for d, _, names in os.walk(snapshot) for name in names
+    ]
+
+
 def fetch(fetch_plan: FetchPlan, cache_path: str) -> dict[str, Any]:
     """Download into the shared cache what the offline workers will load; returns what was fetched.
     Raises :class:`ConfigError` or :class:`HubUnavailable`."""
@@ -312,6 +329,8 @@ def fetch(fetch_plan: FetchPlan, cache_path: str) -> dict[str, Any]:
             if fetch_plan.weights and not _hub_offline():  # which weight formats the repo has
                 info = HfApi(token=token).model_info(fetch_plan.model, revision=fetch_plan.revision)
                 files = [s.rfilename for s in info.siblings or []]
+            elif fetch_plan.weights:  # offline: what the earlier fetch left in the cache decides the same patterns
+                files = cached_model_files(env["HF_HUB_CACHE"], fetch_plan.model, fetch_plan.revision)
             folder = snapshot_download(
                 fetch_plan.model,
                 revision=fetch_plan.revision,

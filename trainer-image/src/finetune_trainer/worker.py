@@ -214,17 +214,18 @@ def params_checksum(model: Any) -> str:
 
 
 def workload(config: Config, ident: Identity, *, params: int, train_rows: int, mean_row_tokens: float) -> accel.Workload:
-    """The run as ``acceleration: auto`` weighs it: optimizer steps x global batch x maxSeqLength tokens."""
+    """The run as ``acceleration: auto`` weighs it, per device (every GPU compiles on its own, so what repays the
+    warm-up is the work of one): optimizer steps x per-device rows per step x maxSeqLength tokens."""
     t = config.training
-    rows_per_step = t.per_device_batch_size * ident.world_size * t.gradient_accumulation_steps
+    device_rows_per_step = t.per_device_batch_size * t.gradient_accumulation_steps
     if t.max_steps is not None:
         steps = t.max_steps
     else:
-        steps = math.ceil(t.epochs * max(1, math.ceil(train_rows / rows_per_step)))
+        steps = math.ceil(t.epochs * max(1, math.ceil(train_rows / (device_rows_per_step * ident.world_size))))
     return accel.Workload(
         params=params,
         total_steps=steps,
-        tokens_per_step=rows_per_step * t.max_seq_length,
+        tokens_per_step=device_rows_per_step * t.max_seq_length,
         fill=min(1.0, mean_row_tokens / t.max_seq_length) if t.max_seq_length else 1.0,
     )
 
