@@ -47,6 +47,7 @@ fi
 # real copy in site-packages, because the venv doubles as the trainer "image" of the e2e node agent, whose pods get
 # /tmp (and so any checkout under it) replaced by an emptyDir, as on a cluster.
 "$uv" pip install -q --python "$dev/bin/python" --no-deps -e .
+rm -rf trainer-image/build  # a stale setuptools build/ could carry modules deleted from src/
 for venv in "$dev" "$ort"; do
   "$uv" pip install -q --python "$venv/bin/python" --no-deps --reinstall-package finetune-trainer ./trainer-image
 done

@@ -13,7 +13,7 @@
 #    seq 128 batch 64 (eager with SDPA, eager attention, compile), batch 256 (eager, compile), and the decoder
 #    (eager, compile).
 # Everything lands in $OUT (default /tmp/gpu-check): logs, result.json, the scrapes, one JSON per bench and
-# summary.md. Exit status: non-zero when a step fails or the MFU gauge is NaN on the GPU.
+# summary.log. Exit status: non-zero when a step fails or the MFU gauge is NaN on the GPU.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD/operator:$PWD/trainer-image/src${PYTHONPATH:+:$PYTHONPATH}"

@@ -45,8 +45,17 @@ else
     python_bin=${PYTHON:-$(find_python 3.11)} || { echo "install.sh: Python 3.11 is required for the ORT stack" >&2; exit 1; }
 fi
 
+version=$("$python_bin" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [[ $stack == default && ! $version =~ ^3\.1[12]$ ]] || [[ $stack == ort && $version != 3.11 ]]; then
+    echo "install.sh: $python_bin is Python $version; the $stack stack needs $([[ $stack == ort ]] && echo 3.11 || echo '3.12 or 3.11')" >&2
+    exit 1
+fi
+
 if ! command -v uv >/dev/null 2>&1; then
-    "$python_bin" -m pip install --quiet 'uv>=0.5'
+    # A venv of its own for uv (never the system interpreter: Debian's refuses pip installs), at the pinned version.
+    tools=${XDG_CACHE_HOME:-$HOME/.cache}/finetune-operator/uv
+    [[ -x $tools/bin/uv ]] || { "$python_bin" -m venv "$tools" && "$tools/bin/pip" install --quiet uv==0.13.9; }
+    export PATH=$tools/bin:$PATH
 fi
 
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -62,7 +71,8 @@ if [[ $stack == ort ]]; then
     # torch-ort's only job here is to be importable by optimum; its declared deps would pull the GPU ORT.
     uv pip install --quiet --python "$py" --no-deps 'torch-ort==1.19.2'
 fi
-# The trainer itself.
+# The trainer itself (a stale setuptools build/ directory could carry modules deleted from src/).
+rm -rf "$here/build"
 uv pip install --quiet --python "$py" --no-deps --reinstall-package finetune-trainer "$here"
 
 if [[ $stack == ort ]]; then

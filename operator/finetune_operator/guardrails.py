@@ -18,8 +18,14 @@ class Violation:
 def check(spec: JobSpec, settings: Settings) -> Violation | None:
     image = settings.trainer_image(acceleration=spec.acceleration, image=spec.image)
     if settings.allowed_image_prefixes and not image.startswith(settings.allowed_image_prefixes):
-        return Violation("InvalidSpec", f"spec.image: {image} is not allowed by the operator; allowed prefixes: "
-                         f"{', '.join(settings.allowed_image_prefixes)} (Helm value guardrails.allowedImagePrefixes)")
+        allowed = f"allowed prefixes: {', '.join(settings.allowed_image_prefixes)} (Helm value " \
+                  "guardrails.allowedImagePrefixes)"
+        if spec.image:
+            return Violation("InvalidSpec", f"spec.image: {image} is not allowed by the operator; {allowed}")
+        value = "trainer.ortImage" if spec.acceleration == "ort" else "trainer.image"
+        return Violation("InvalidSpec", f"the operator's trainer image {image} for acceleration {spec.acceleration} "
+                         f"(Helm value {value}) is outside its own allowlist; {allowed}: ask the platform team to "
+                         "fix the chart's values, or set spec.image to an allowed image")
     pc = spec.pod_template.priority_class_name
     if settings.allowed_priority_classes and pc is not None and pc not in settings.allowed_priority_classes:
         allowed = ", ".join(settings.allowed_priority_classes)

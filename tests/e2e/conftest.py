@@ -2,8 +2,8 @@
 node agent (``tests/nodeagent``) — the one test double: it stands in for kubelet + container runtime and runs
 each trainer pod's ``finetune-trainer`` as local processes in network/mount/UTS/PID namespaces of their own.
 
-Needs root and iproute2/util-linux (network namespaces); fails (never skips) without them. The trainer "image" is a virtualenv
-holding ``finetune-trainer`` (``$FINETUNE_AGENT_IMAGE_VENV``, else the running venv); the operator's ONNX Runtime
+Needs root and iproute2/util-linux (network namespaces); fails (never skips) without them. The trainer "image" is a
+virtualenv holding ``finetune-trainer`` (``$FINETUNE_AGENT_IMAGE_VENV``, else the running venv); the operator's ONNX Runtime
 image (``acceleration: ort``) runs from the ORT stack's venv (``.ci/venv.sh --ort-path``).
 """
 

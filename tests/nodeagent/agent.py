@@ -40,14 +40,16 @@ def now() -> str:
 
 def default_image_venv() -> Path:
     """The "image": a virtualenv holding ``finetune-trainer``. ``$FINETUNE_AGENT_IMAGE_VENV``, else the running
-    interpreter's venv when it has the trainer, else the development venv."""
+    interpreter's venv when it has the trainer, else the development venv that ``.ci/venv.sh`` builds."""
     env = os.environ.get("FINETUNE_AGENT_IMAGE_VENV")
     if env:
         return Path(env)
     here = Path(sys.executable).parent
     if (here / "finetune-trainer").exists():
         return here.parent
-    return Path.home() / ".cache" / "finetune-operator" / "venv-dev"
+    root = Path(__file__).resolve().parents[2]
+    return Path(subprocess.run(["bash", str(root / ".ci" / "venv.sh"), "--path"], capture_output=True, text=True,
+                               check=True).stdout.strip())
 
 
 @dataclass

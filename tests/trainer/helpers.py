@@ -117,7 +117,12 @@ class Node:
         env.update(extra_env or {})
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(
-            launcher or launcher_cmd(), cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            launcher or launcher_cmd(),
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait(self, timeout: float = 300) -> int:

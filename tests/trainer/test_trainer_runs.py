@@ -47,10 +47,12 @@ def eager_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         work / "out",
         acceleration="none",
         metrics={"port": port},
+        dataset={"evalSplit": "eval"},
         training={
             "maxSteps": STEPS,
             "checkpointEverySteps": 5,
             "keepCheckpoints": 2,
+            "evaluation": {"strategy": "steps", "everySteps": 10},
             "extraArgs": {"logging_steps": 5},
         },
     )
@@ -90,7 +92,7 @@ def test_single_node_trains_loss_goes_down(eager_run: dict) -> None:
     # The current stack's defaults: SDPA attention and fused AdamW; start-up reported apart from the rates.
     assert result["attention"] == "sdpa" and result["optimizer"] == "adamw_torch_fused"
     assert result["acceleration"] == result["acceleration_requested"] == "none"
-    assert result["samples"] == STEPS * 16
+    assert result["samples"] == STEPS * 16  # trained rows only: the 3 evaluations' 80 rows each are not counted
     assert 0 < result["warmup_seconds"] < result["time_to_first_step_seconds"]
     assert set(result["startup"]) == {"rendezvous_seconds", "data_seconds", "model_seconds"}
     assert sum(result["startup"].values()) < result["time_to_first_step_seconds"]
@@ -194,17 +196,23 @@ def test_sigterm_saves_collectively_and_exits_143(tmp_path: Path) -> None:
     assert not (out / "result.json").exists()
 
 
-def test_compile_trains(tmp_path: Path) -> None:
+def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> None:
+    """auto settles after model and data are loaded: with a row that compiles on this hardware (the override a
+    platform team uses for hardware it measured) the worker rebuilds its arguments and trains compiled, with batches
+    padded to maxSeqLength (one graph)."""
     out = tmp_path / "out"
     cfg = tiny_config(
         out,
-        acceleration="compile",
+        acceleration="auto",
         training={"maxSteps": 10, "checkpointEverySteps": 10, "extraArgs": {"logging_steps": 5}},
     )
-    node = Node(tmp_path, cfg)
+    row = '{"cpu": {"acceleration": "compile", "minWorkFlops": 1e6, "minFill": 0.1}}'
+    node = Node(tmp_path, cfg, extra_env={"FINETUNE_AUTO_TABLE": row})
     assert node.wait(RUN_TIMEOUT) == 0, node.log()
     result = read_json(out / "result.json")
-    assert result["acceleration"] == "compile"
+    assert result["acceleration"] == "compile" and result["acceleration_requested"] == "auto"
+    assert result["acceleration_reason"].startswith("auto: estimated work") and "compile" in result["acceleration_reason"]
+    assert 0 < result["tokens"] <= 10 * 16 * 64  # non-padding tokens of rows padded to maxSeqLength (64)
     assert result["steps"] == 10 and all(math.isfinite(x) for x in losses(result))
 
 

@@ -260,6 +260,16 @@ def test_workload_is_one_devices_share(tmp_path: Path) -> None:
     assert w16.flops == pytest.approx(w1.flops / 16)
 
 
+def test_auto_table_rows_can_be_overridden_for_measured_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FINETUNE_AUTO_TABLE", '{"cuda": {"acceleration": "compile", "minWorkFlops": 1e15}}')
+    assert accel.resolve_acceleration("auto", "cuda", SHORT) == "compile"  # 2.4e15 FLOPs: over the team's row
+    assert accel.resolve_acceleration("auto", "cpu", BIG) == "none" and not accel.weighs_workload("cpu")
+    monkeypatch.setenv("FINETUNE_AUTO_TABLE", '{"cuda": {"acceleration": "ort"}}')
+    with pytest.raises(ConfigError) as e:
+        accel.resolve_acceleration("auto", "cuda")
+    assert e.value.field == "env.FINETUNE_AUTO_TABLE" and "'none' or 'compile'" in str(e.value)
+
+
 def test_fused_adamw_is_known_for_the_installed_torch() -> None:
     """The default stack's torch has fused AdamW kernels for CPU and CUDA (torch >= 2.4)."""
     assert accel.fused_adamw_supported("cuda") and accel.fused_adamw_supported("cpu")

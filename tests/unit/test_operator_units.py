@@ -365,7 +365,7 @@ def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # typ
      Settings(allowed_priority_classes=("train-low", "train-high")), "InvalidSpec", ["priorityClassName", "train-low"]),
     ({"acceleration": "ort"}, Settings(allowed_image_prefixes=("registry.corp/ml/",),
                                        default_image="registry.corp/ml/trainer:1", ort_image="docker.io/x/ort:1"),
-     "InvalidSpec", ["spec.image: docker.io/x/ort:1", "registry.corp/ml/"]),
+     "InvalidSpec", ["trainer image docker.io/x/ort:1", "trainer.ortImage", "registry.corp/ml/"]),
     ({"nodes": 64}, Settings(max_nodes_per_job=16), "QuotaExceeded", ["spec.nodes=64", "16 nodes per job"]),
     ({"nodes": 64, "resources": {"limits": {"nvidia.com/gpu": 8}}}, Settings(max_gpus_per_job=256),
      "QuotaExceeded", ["512 GPUs", "256 per job"]),

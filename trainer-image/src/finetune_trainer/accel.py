@@ -11,8 +11,11 @@ eager:
   warm-up. The break-even of those runs lies at 3.4e16-7.5e16 FLOPs of training work per GPU (6 x parameters x
   tokens), so ``auto`` compiles from :data:`COMPILE_MIN_WORK_FLOPS` = 1e17 per device, above every measured
   break-even (about 5 minutes of eager training at the measured MFU). Per device, because every GPU compiles on its
-  own while the work is shared among them. Compiled batches are padded to ``maxSeqLength`` (one graph), so when the rows fill less than
-  :data:`COMPILE_MIN_FILL` of it, the padding costs more than the measured gain and ``auto`` stays eager.
+  own while the work is shared among them. Compiled batches are padded to ``maxSeqLength`` (one graph), so when the
+  rows fill less than :data:`COMPILE_MIN_FILL` (95 %) of it, the padding could cost more than the smallest measured
+  gain (1.05x) and ``auto`` stays eager.
+
+:envvar:`FINETUNE_AUTO_TABLE` overrides rows for hardware a platform team measured itself.
 
 Every path other than ``ort`` uses the library's default attention, which is SDPA on the default stack (1.21x eager
 attention on the H200), and fused AdamW where the installed torch has it for the device.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +33,11 @@ from typing import Any
 from finetune_trainer.errors import ConfigError
 
 COMPILE_MIN_WORK_FLOPS = 1e17
-COMPILE_MIN_FILL = 0.9
+COMPILE_MIN_FILL = 0.95
+# Platform teams that measured their own hardware may override rows: a JSON object such as
+# {"cuda": {"acceleration": "compile", "minWorkFlops": 5e16, "minFill": 0.9}} in this variable (the trainer image's
+# ENV; a job's spec.env cannot set FINETUNE_* names).
+AUTO_TABLE_ENV = "FINETUNE_AUTO_TABLE"
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,35 @@ class Workload:
         return 6.0 * self.params * self.total_steps * self.tokens_per_step
 
 
+def auto_table() -> dict[str, AutoRow]:
+    """:data:`AUTO_TABLE` with the rows of ``$FINETUNE_AUTO_TABLE`` over it (a bad value is a config error)."""
+    raw = os.environ.get(AUTO_TABLE_ENV)
+    if not raw:
+        return AUTO_TABLE
+    try:
+        rows = json.loads(raw)
+        table = dict(AUTO_TABLE)
+        for hardware, row in rows.items():
+            if row["acceleration"] not in ("none", "compile"):
+                raise ValueError(f"{hardware}: acceleration must be 'none' or 'compile'")
+            table[hardware] = AutoRow(
+                row["acceleration"], float(row.get("minWorkFlops", 0)), float(row.get("minFill", 0))
+            )
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ConfigError(
+            "env." + AUTO_TABLE_ENV,
+            f"not a JSON object of rows like {{\"cuda\": {{\"acceleration\": \"compile\", \"minWorkFlops\": 1e17}}}}: "
+            f"{type(e).__name__}: {e}",
+        ) from None
+    return table
+
+
+def weighs_workload(hardware: str) -> bool:
+    """Whether ``auto`` on this hardware depends on the workload (so the trainer must estimate it)."""
+    row = auto_table().get(hardware)
+    return row is not None and row.acceleration != "none"
+
+
 def hardware_class(cuda_available: bool | None = None) -> str:
     if cuda_available is None:
         import torch
@@ -81,7 +118,7 @@ def explain_acceleration(requested: str, hardware: str, workload: Workload | Non
     """:func:`resolve_acceleration` plus the reason, for the log and result.json."""
     if requested != "auto":
         return requested, f"requested {requested}"
-    row = AUTO_TABLE.get(hardware)
+    row = auto_table().get(hardware)
     if row is None:
         return "none", f"auto: no measured row for {hardware}: eager"
     if row.acceleration == "none":
@@ -106,8 +143,6 @@ def explain_acceleration(requested: str, hardware: str, workload: Workload | Non
 
 def fused_adamw_supported(device_type: str) -> bool:
     """Whether this torch has a fused AdamW kernel for the device ('cuda' always; 'cpu' from torch 2.4)."""
-    import torch
-
     if device_type == "cuda":
         return True
     try:

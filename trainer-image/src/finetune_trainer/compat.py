@@ -68,3 +68,35 @@ def cpu_resumable(trainer_cls: type) -> type:
 
     cls = type(trainer_cls.__name__, (trainer_cls,), {"_load_optimizer_and_scheduler": _load_optimizer_and_scheduler})
     return cls
+
+
+def eval_without_collator_wrapper(trainer_cls: type) -> type:
+    """A subclass whose evaluation and prediction dataloaders use the collator a wrapper (``.collator``) wraps.
+
+    The Trainer builds every dataloader from ``self.data_collator``; the metrics' batch counter wraps it to count
+    what is *trained*, so eval batches (built between optimizer steps) must not pass through it.
+    """
+
+    def _plain(self: Any, build: Any) -> Any:
+        wrapper = self.data_collator
+        inner = getattr(wrapper, "collator", None)
+        if inner is None:
+            return build()
+        self.data_collator = inner
+        try:
+            return build()
+        finally:
+            self.data_collator = wrapper
+
+    def get_eval_dataloader(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _plain(self, lambda: super(cls, self).get_eval_dataloader(*args, **kwargs))  # type: ignore[misc]
+
+    def get_test_dataloader(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _plain(self, lambda: super(cls, self).get_test_dataloader(*args, **kwargs))  # type: ignore[misc]
+
+    cls = type(
+        trainer_cls.__name__,
+        (trainer_cls,),
+        {"get_eval_dataloader": get_eval_dataloader, "get_test_dataloader": get_test_dataloader},
+    )
+    return cls

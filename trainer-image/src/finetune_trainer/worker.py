@@ -213,9 +213,12 @@ def params_checksum(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def workload(config: Config, ident: Identity, *, params: int, train_rows: int, mean_row_tokens: float) -> accel.Workload:
+def workload(
+    config: Config, ident: Identity, *, params: int, train_rows: int, mean_row_tokens: float, done_steps: int = 0
+) -> accel.Workload:
     """The run as ``acceleration: auto`` weighs it, per device (every GPU compiles on its own, so what repays the
-    warm-up is the work of one): optimizer steps x per-device rows per step x maxSeqLength tokens."""
+    warm-up is the work of one): optimizer steps still to run (after a resumed checkpoint's ``done_steps``) x
+    per-device rows per step x maxSeqLength tokens."""
     t = config.training
     device_rows_per_step = t.per_device_batch_size * t.gradient_accumulation_steps
     if t.max_steps is not None:
@@ -224,7 +227,7 @@ def workload(config: Config, ident: Identity, *, params: int, train_rows: int, m
         steps = math.ceil(t.epochs * max(1, math.ceil(train_rows / (device_rows_per_step * ident.world_size))))
     return accel.Workload(
         params=params,
-        total_steps=steps,
+        total_steps=max(0, steps - done_steps),
         tokens_per_step=device_rows_per_step * t.max_seq_length,
         fill=min(1.0, mean_row_tokens / t.max_seq_length) if t.max_seq_length else 1.0,
     )
@@ -302,8 +305,15 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     model = load_model(config, backend, tokenizer, labels, device=f"cuda:{ident.local_rank}" if cuda else None)
     params = sum(p.numel() for p in model.parameters())
     phases["model_seconds"] = time.time() - launch_time - sum(phases.values())
-    if config.acceleration == "auto":
-        load = workload(config, ident, params=params, train_rows=len(train_ds), mean_row_tokens=mean_row_tokens(train_ds))
+    if config.acceleration == "auto" and accel.weighs_workload(hardware):
+        load = workload(
+            config,
+            ident,
+            params=params,
+            train_rows=len(train_ds),
+            mean_row_tokens=mean_row_tokens(train_ds),
+            done_steps=resume.step if resume else 0,
+        )
         kind, why = accel.explain_acceleration("auto", hardware, load)
         if kind != backend.name:
             backend = accel.make_backend(kind)
@@ -339,7 +349,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         control_group=control_group,
     )
     trainer_cls, _ = backend.classes()
-    trainer_cls = compat.cpu_resumable(trainer_cls)
+    trainer_cls = compat.eval_without_collator_wrapper(compat.cpu_resumable(trainer_cls))
     trainer = trainer_cls(
         model=model,
         args=args,
