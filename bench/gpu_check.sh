@@ -22,6 +22,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu-check}
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 mkdir -p "$OUT"
+rm -f "$OUT/summary.log"
 start=$(date +%s)
 log() { echo "[gpu_check +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summary.log"; }
 
@@ -115,7 +116,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 work, device = Path(sys.argv[1]), sys.argv[2]
 g = {s.name: s.value for f in text_string_to_metric_families((work / "scrape-mid.txt").read_text()) for s in f.samples}
-r = json.loads((work / "out" / "result.json").read_text())
+r = json.loads(next((work / "out").rglob("result.json")).read_text())  # <workdir>/output/<namespace>/<job>/
 mfu, gauge_tps = g["finetune_train_mfu"], g["finetune_train_tokens_per_second"]
 print(f"run-local: acceleration {r['acceleration']} ({r['acceleration_reason']}), attention {r['attention']}, "
       f"optimizer {r['optimizer']}, precision {r['precision']}, params {r['params'] / 1e9:.2f} B")

@@ -94,7 +94,8 @@ def test_single_node_trains_loss_goes_down(eager_run: dict) -> None:
     assert result["acceleration"] == result["acceleration_requested"] == "none"
     assert result["samples"] == STEPS * 16  # trained rows only: the 3 evaluations' 80 rows each are not counted
     assert 0 < result["warmup_seconds"] < result["time_to_first_step_seconds"]
-    assert set(result["startup"]) == {"rendezvous_seconds", "data_seconds", "model_seconds"}
+    assert set(result["startup"]) == {"launcher_seconds", "rendezvous_seconds", "data_seconds", "model_seconds"}
+    assert all(v >= 0 for v in result["startup"].values()), result["startup"]
     assert sum(result["startup"].values()) < result["time_to_first_step_seconds"]
     assert (eager_run["output"] / "model" / "config.json").exists()
     assert eager_run["node"].termination() is None  # only failures write it

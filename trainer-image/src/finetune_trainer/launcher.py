@@ -115,6 +115,7 @@ def worker_env(run: RunEnv, launch_time: float, error_file: str, *, cache_path: 
             "FINETUNE_NAMESPACE": run.namespace,
             "FINETUNE_ATTEMPT": str(run.attempt),
             "FINETUNE_LAUNCH_TIME": repr(launch_time),
+            "FINETUNE_TORCHRUN_TIME": repr(time.time()),  # when the launcher's own work (validation, cache) ended
             "TORCHELASTIC_ERROR_FILE": error_file,
         }
     )

@@ -263,7 +263,9 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
     _ = args.device  # forms the process group (torchrun env) now, so the rendezvous time is measurable
     rendezvous_s = time.time() - launch_time
-    phases = {"rendezvous_seconds": rendezvous_s}
+    torchrun_time = float(os.environ.get("FINETUNE_TORCHRUN_TIME") or launch_time)
+    # launcher: validation, cache fill, preflight; rendezvous: torchrun and worker start-up (imports) + the group
+    phases = {"launcher_seconds": torchrun_time - launch_time, "rendezvous_seconds": time.time() - torchrun_time}
     control_group = None
     if dist.is_initialized() and dist.get_backend() != "gloo":
         control_group = dist.new_group(backend="gloo")  # SIGTERM agreement without GPU syncs
