@@ -321,6 +321,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
             backend = accel.make_backend(kind)
             args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    optimizer = str(getattr(args.optim, "value", args.optim))  # an OptimizerNames enum on current transformers
     log.info(
         "rank %d/%d (node %d): task=%s acceleration=%s (%s) precision=%s attention=%s optim=%s",
         ident.rank,
@@ -331,7 +332,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         why,
         precision,
         attention,
-        args.optim,
+        optimizer,
     )
     device_name = torch.cuda.get_device_name(0) if cuda else None
     counter = BatchCounter(make_collator(config, tokenizer, static_shapes=kind == "compile"))
@@ -413,7 +414,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                 "acceleration_requested": config.acceleration,
                 "acceleration_reason": why,
                 "attention": attention,
-                "optimizer": str(getattr(args.optim, "value", args.optim)),
+                "optimizer": optimizer,
                 "precision": precision,
                 "world_size": ident.world_size,
                 "attempt": ident.attempt,
