@@ -24,6 +24,10 @@ GAUGES = {
     "finetune_time_to_first_step_seconds": "timeToFirstStepSeconds",
     "finetune_train_warmup_seconds": "warmupSeconds",
     "finetune_rendezvous_duration_seconds": "rendezvousSeconds",
+    "finetune_eval_loss": "evalLoss",
+    "finetune_eval_perplexity": "evalPerplexity",
+    "finetune_eval_accuracy": "evalAccuracy",
+    "finetune_eval_f1": "evalF1",
 }
 SET_ONCE = {"timeToFirstStepSeconds", "warmupSeconds", "rendezvousSeconds"}  # 0 until the trainer knows them: leave out
 INTEGER_FIELDS = {"step", "totalSteps", "etaSeconds", "lastCheckpointStep"}

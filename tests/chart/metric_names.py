@@ -40,6 +40,10 @@ TRAINER_GAUGES = {
     "finetune_checkpoint_last_step",
     "finetune_time_to_first_step_seconds",
     "finetune_train_warmup_seconds",
+    "finetune_eval_loss",
+    "finetune_eval_perplexity",
+    "finetune_eval_accuracy",
+    "finetune_eval_f1",
     "finetune_rendezvous_duration_seconds",
     "finetune_attempt",
 }

@@ -113,9 +113,12 @@ def panels() -> list[dict[str, Any]]:
         ),
         _panel(
             "Loss",
-            [_target(f"avg by ({BY}) (finetune_train_loss{{{SEL}}})", job)],
+            [
+                _target(f"avg by ({BY}) (finetune_train_loss{{{SEL}}})", f"train {job}", "A"),
+                _target(f"avg by ({BY}) (finetune_eval_loss{{{SEL}}})", f"eval {job}", "B"),
+            ],
             unit="none",
-            desc="Training loss (mean over ranks).",
+            desc="Training loss (mean over ranks) and the loss on the evaluation split at the last evaluation.",
         ),
         _panel(
             "Learning rate",
@@ -168,13 +171,14 @@ def panels() -> list[dict[str, Any]]:
             kind="stat",
         ),
         _panel(
-            "Time to first step, rendezvous",
+            "Time to first step, rendezvous, warm-up",
             [
                 _target(f"max by ({BY}) (finetune_time_to_first_step_seconds{{{SEL}}})", f"first step {job}", "A"),
                 _target(f"max by ({BY}) (finetune_rendezvous_duration_seconds{{{SEL}}})", f"rendezvous {job}", "B"),
+                _target(f"max by ({BY}) (finetune_train_warmup_seconds{{{SEL}}})", f"warm-up {job}", "C"),
             ],
             unit="s",
-            desc="Start-up cost of each attempt.",
+            desc="Start-up cost of each attempt; warm-up is the first step alone (compilation).",
         ),
         _panel(
             "Checkpoint save time",

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart import metric_names as names
-from tests.trainer.helpers import Node, free_port, import_required, poll, read_json, scrape, tiny_config
+from tests.trainer.helpers import TINY, Node, free_port, import_required, poll, read_json, scrape, tiny_config
 
 pytestmark = pytest.mark.trainer
 
@@ -97,6 +97,11 @@ def test_single_node_trains_loss_goes_down(eager_run: dict) -> None:
     assert set(result["startup"]) == {"launcher_seconds", "rendezvous_seconds", "data_seconds", "model_seconds"}
     assert all(v >= 0 for v in result["startup"].values()), result["startup"]
     assert sum(result["startup"].values()) < result["time_to_first_step_seconds"]
+    # Evaluations every 10 steps (the last one at the final step: no extra final evaluation), trained rows only above.
+    evals = result["eval_history"]
+    assert [e["step"] for e in evals] == [10, 20, 30] and result["final_eval"] == evals[-1]
+    assert all(set(e) == {"step", "loss", "accuracy", "f1"} for e in evals), evals
+    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["f1"] <= 1 and math.isfinite(e["loss"]) for e in evals), evals
     assert (eager_run["output"] / "model" / "config.json").exists()
     assert eager_run["node"].termination() is None  # only failures write it
 
@@ -280,10 +285,14 @@ def test_causal_lm_with_lora_trains(tmp_path: Path) -> None:
         out,
         example="causal-lm",
         acceleration="none",
-        training={"maxSteps": 10, "checkpointEverySteps": 5, "lora": lora},
+        dataset={"path": str(TINY / "data"), "evalSplit": "eval"},
+        training={"maxSteps": 10, "checkpointEverySteps": 5, "lora": lora, "evaluation": {"strategy": "epoch"}},
     )
     node = Node(tmp_path, cfg)
     assert node.wait(RUN_TIMEOUT) == 0, node.log()
     result = read_json(out / "result.json")
     assert result["steps"] == 10 and all(math.isfinite(x) for x in losses(result))
+    # 10 steps end before the first epoch does: only the final model's evaluation, with perplexity = exp(loss).
+    (final,) = result["eval_history"]
+    assert final["step"] == 10 and final["perplexity"] == pytest.approx(math.exp(final["loss"]))
     assert (out / "model" / "adapter_config.json").exists()  # PEFT saves the adapter

@@ -343,6 +343,41 @@ def test_steady_rates_leave_the_warmup_step_out_and_match_the_gauge(monkeypatch:
     assert cb.total_samples == 20 * 16  # counters keep every step
 
 
+@pytest.mark.parametrize(
+    ("preds", "labels", "accuracy", "f1"),
+    [([0, 1, 1, 0], [0, 1, 1, 0], 1.0, 1.0),
+     ([1, 1, 1, 1], [0, 1, 1, 0], 0.5, (0 + 2 * 2 / (2 * 2 + 2)) / 2),
+     ([0, 2, 1, 1], [0, 1, 1, 2], 0.5, (1.0 + 0.5 + 0.0) / 3)],
+    ids=["perfect", "one-class", "three-classes"],
+)  # fmt: skip
+def test_classification_metrics_accuracy_and_macro_f1(preds: list, labels: list, accuracy: float, f1: float) -> None:
+    from finetune_trainer.evaluation import classification_metrics
+    from transformers import EvalPrediction
+
+    m = classification_metrics(EvalPrediction(predictions=preds, label_ids=labels))
+    assert m["accuracy"] == pytest.approx(accuracy) and m["f1"] == pytest.approx(f1)
+
+
+def test_evaluations_reach_the_gauges_and_the_history() -> None:
+    from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics
+    from transformers import TrainerControl, TrainerState
+
+    m = TrainerMetrics(namespace="ns", job="ft", node_rank=0)
+    assert math.isnan(m.eval_loss._value.get()) and math.isnan(m.eval_accuracy._value.get())
+    lm = MetricsCallback(m, BatchCounter(lambda f: f), nproc_per_node=1, launch_time=0.0, params=1,
+                         peak_flops_per_device=1.0, task="causal-lm")  # fmt: skip
+    state = TrainerState()
+    state.global_step = 20
+    lm.on_evaluate(None, state, TrainerControl(), metrics={"eval_loss": 2.0, "eval_runtime": 1.5, "epoch": 1.0})
+    assert lm.eval_history == [{"step": 20, "loss": 2.0, "perplexity": pytest.approx(math.exp(2.0))}]
+    assert m.eval_loss._value.get() == 2.0 and m.eval_perplexity._value.get() == pytest.approx(math.exp(2.0))
+    cls = MetricsCallback(m, BatchCounter(lambda f: f), nproc_per_node=1, launch_time=0.0, params=1,
+                          peak_flops_per_device=1.0, task="sequence-classification")  # fmt: skip
+    cls.on_evaluate(None, state, TrainerControl(), metrics={"eval_loss": 0.5, "eval_accuracy": 0.8, "eval_f1": 0.7})
+    assert cls.eval_history == [{"step": 20, "loss": 0.5, "accuracy": 0.8, "f1": 0.7}]
+    assert (m.eval_accuracy._value.get(), m.eval_f1._value.get()) == (0.8, 0.7)
+
+
 # --- preflight ------------------------------------------------------------------------------------------------------
 
 

@@ -426,3 +426,8 @@ def test_time_to_first_step_warmup_and_rendezvous_reach_progress() -> None:
     m.warmup.set(38.0)
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=1)
     assert (p["timeToFirstStepSeconds"], p["warmupSeconds"], p["rendezvousSeconds"]) == (41.5, 38.0, 3.25)
+    assert not {"evalLoss", "evalPerplexity", "evalAccuracy", "evalF1"} & set(p)  # NaN until an evaluation ran
+    m.eval_loss.set(0.61234)
+    m.eval_accuracy.set(0.75)
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=4)
+    assert (p["evalLoss"], p["evalAccuracy"]) == (0.6123, 0.75) and "evalF1" not in p  # not scaled by nodes

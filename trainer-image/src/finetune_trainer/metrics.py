@@ -24,6 +24,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from transformers import TrainerCallback
 
+from finetune_trainer.evaluation import summarize
+
 log = logging.getLogger(__name__)
 
 LABELS = ("finetune_namespace", "finetune_job", "node_rank")
@@ -120,7 +122,14 @@ class TrainerMetrics:
             "finetune_rendezvous_duration_seconds", "Seconds from launcher start until the process group was formed"
         )
         self.attempt = gauge("finetune_attempt", "Attempt number of this run (FINETUNE_ATTEMPT)")
-        self.mfu.set(math.nan)
+        self.eval_loss = gauge("finetune_eval_loss", "Loss on the evaluation split at the last evaluation")
+        self.eval_perplexity = gauge("finetune_eval_perplexity", "exp(eval loss) at the last evaluation (causal-lm)")
+        self.eval_accuracy = gauge(
+            "finetune_eval_accuracy", "Accuracy on the evaluation split at the last evaluation (classification)"
+        )
+        self.eval_f1 = gauge("finetune_eval_f1", "Macro F1 on the evaluation split at the last evaluation")
+        for unset in (self.mfu, self.eval_loss, self.eval_perplexity, self.eval_accuracy, self.eval_f1):
+            unset.set(math.nan)  # NaN until known: a 0 would read as a perfect loss or a useless model
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
         """Start the HTTP endpoint; a port in use is logged, not fatal (metrics must never stop training)."""
@@ -175,6 +184,7 @@ class MetricsCallback(TrainerCallback):
         launch_time: float,
         params: int,
         peak_flops_per_device: float,
+        task: str = "",
         ema: float = 0.2,
     ) -> None:
         self.m = metrics
@@ -197,6 +207,8 @@ class MetricsCallback(TrainerCallback):
         self.steady_seconds = 0.0
         self.first_step_seconds: float | None = None
         self.time_to_first_step: float | None = None
+        self.task = task
+        self.eval_history: list[dict[str, float]] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.m.total_steps.set(state.max_steps)
@@ -261,6 +273,22 @@ class MetricsCallback(TrainerCallback):
             self.m.loss.set(logs["loss"])
         if "learning_rate" in logs:
             self.m.learning_rate.set(logs["learning_rate"])
+
+    def on_evaluate(
+        self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None, **kwargs: Any
+    ) -> None:
+        if not metrics:
+            return
+        entry = summarize(self.task, state.global_step, metrics)
+        self.eval_history.append(entry)
+        for key, gauge in (
+            ("loss", self.m.eval_loss),
+            ("perplexity", self.m.eval_perplexity),
+            ("accuracy", self.m.eval_accuracy),
+            ("f1", self.m.eval_f1),
+        ):
+            if key in entry:
+                gauge.set(entry[key])
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.m.eta.set(0)

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from finetune_trainer import accel, checkpoints, compat, data
+from finetune_trainer import accel, checkpoints, compat, data, evaluation
 from finetune_trainer.callbacks import CheckpointCallback, StopFlag
 from finetune_trainer.config import Config, load_config
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
@@ -343,6 +343,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         launch_time=launch_time,
         params=params,
         peak_flops_per_device=peak_flops(device_name, precision),
+        task=config.task,
     )
     ckpt_cb = CheckpointCallback(
         stop,
@@ -353,6 +354,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     )
     trainer_cls, _ = backend.classes()
     trainer_cls = compat.eval_without_collator_wrapper(compat.cpu_resumable(trainer_cls))
+    classify = config.task == "sequence-classification" and eval_ds is not None
     trainer = trainer_cls(
         model=model,
         args=args,
@@ -360,11 +362,16 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         eval_dataset=eval_ds,
         data_collator=counter,
         callbacks=[metrics_cb, ckpt_cb],
+        compute_metrics=evaluation.classification_metrics if classify else None,
+        preprocess_logits_for_metrics=evaluation.argmax_logits if classify else None,
         **compat.tokenizer_kwarg(trainer_cls, tokenizer),
     )
     started = time.perf_counter()
     output = trainer.train(resume_from_checkpoint=resume.path if resume else None)
     runtime = time.perf_counter() - started
+    history = metrics_cb.eval_history
+    if eval_ds is not None and not stop.agreed and (not history or history[-1]["step"] != trainer.state.global_step):
+        trainer.evaluate()  # the final model's evaluation, unless the schedule just did it (collective: every rank)
     state = trainer.state
     losses = [(h["step"], h["loss"]) for h in state.log_history if "loss" in h]
 
@@ -420,6 +427,9 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                 "attempt": ident.attempt,
                 "params": params,
                 "params_sha256": checksum,
+                # Every evaluation ({"step", "loss", and perplexity, or accuracy and f1}) and the final model's.
+                "eval_history": metrics_cb.eval_history,
+                "final_eval": metrics_cb.eval_history[-1] if metrics_cb.eval_history else None,
             },
         )
     if dist.is_initialized():
