@@ -6,6 +6,9 @@ Writes:
   data/train.jsonl, data/eval.jsonl  - a synthetic sentiment task: {"text": ..., "label": 0|1}
   bert/  - a 2-layer BERT config (hidden 64) + a WordLevel tokenizer, for sequence-classification
   gpt2/  - a 2-layer GPT-2 config (n_embd 64) + a WordLevel tokenizer, for causal-lm
+  gpt2-chat/  - the same model with role tokens and a chat template that marks assistant turns ({% generation %})
+  chat/train.jsonl, chat/eval.jsonl  - the sentiment task as conversations: {"messages": [user, assistant]}
+  prompt-completion/train.jsonl, .../eval.jsonl  - the same as {"prompt": ..., "completion": ...}
 Models are built from config.json with `initFromConfig: true`: no weights are committed.
 """
 
@@ -53,27 +56,48 @@ def sentence(rng: random.Random, label: int) -> str:
 
 def write_data() -> None:
     rng = random.Random(1234)
-    os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
+    for d in ("data", "chat", "prompt-completion"):
+        os.makedirs(os.path.join(HERE, d), exist_ok=True)
     for split, n in (("train", TRAIN_ROWS), ("eval", EVAL_ROWS)):
-        with open(os.path.join(HERE, "data", f"{split}.jsonl"), "w", encoding="utf-8") as f:
-            for i in range(n):
-                label = i % 2
-                f.write(json.dumps({"text": sentence(rng, label), "label": label}) + "\n")
+        rows = [(sentence(rng, i % 2), i % 2) for i in range(n)]
+        _write_jsonl(os.path.join(HERE, "data", f"{split}.jsonl"), [{"text": s, "label": y} for s, y in rows])
+        _write_jsonl(
+            os.path.join(HERE, "chat", f"{split}.jsonl"),
+            [{"messages": [{"role": "user", "content": s}, {"role": "assistant", "content": ANSWERS[y]}]}
+             for s, y in rows],
+        )  # fmt: skip
+        _write_jsonl(
+            os.path.join(HERE, "prompt-completion", f"{split}.jsonl"),
+            [{"prompt": s, "completion": ANSWERS[y]} for s, y in rows],
+        )
 
 
-def vocab(specials: list[str]) -> dict[str, int]:
-    words = sorted(set(POSITIVE + NEGATIVE + NEUTRAL))
+def _write_jsonl(path: str, rows: list[dict[str, object]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def vocab(specials: list[str], extra: list[str] | None = None) -> dict[str, int]:
+    words = sorted(set(POSITIVE + NEGATIVE + NEUTRAL + (extra or [])))
     return {tok: i for i, tok in enumerate(specials + words)}
 
 
 def save_tokenizer(
-    directory: str, tokenizer: object, special: dict[str, str], model_max_length: int, input_names: list[str]
+    directory: str,
+    tokenizer: object,
+    special: dict[str, str],
+    model_max_length: int,
+    input_names: list[str],
+    chat_template: str | None = None,
 ) -> None:
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, model_max_length=model_max_length, model_input_names=input_names, **special
     )
+    if chat_template:
+        fast.chat_template = chat_template
     fast.save_pretrained(directory)
 
 
@@ -126,15 +150,33 @@ def write_bert() -> None:
         f.write("\n")
 
 
-def write_gpt2() -> None:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+ROLES = ["<|system|>", "<|user|>", "<|assistant|>"]
+ANSWERS = {0: "negative", 1: "positive"}
+# Roles other than these are rejected by the template (raise_exception), as real templates do; assistant turns are
+# wrapped in {% generation %} so the trainer can compute the loss on them only.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unsupported role ' + message['role']) }}{% endif %}"
+    "{{ '<|' + message['role'] + '|> ' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + ' ' + eos_token }}"
+    "{% endgeneration %}{% else %}{{ message['content'] + ' ' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}"
+)
 
-    specials = ["<|endoftext|>", "<unk>"]
-    v = vocab(specials)
+
+def write_gpt2(name: str = "gpt2", chat: bool = False) -> None:
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+
+    specials = ["<|endoftext|>", "<unk>"] + (ROLES if chat else [])
+    v = vocab(specials, extra=list(ANSWERS.values()) if chat else [])
     tok = Tokenizer(models.WordLevel(v, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    d = os.path.join(HERE, "gpt2")
+    if chat:  # matched before pre-tokenization, so "<|user|>" stays one token
+        tok.add_special_tokens([AddedToken(r, normalized=False) for r in ROLES])
+    d = os.path.join(HERE, name)
     os.makedirs(d, exist_ok=True)
     save_tokenizer(
         d,
@@ -142,6 +184,7 @@ def write_gpt2() -> None:
         {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "unk_token": "<unk>"},
         128,
         ["input_ids", "attention_mask"],
+        chat_template=CHAT_TEMPLATE if chat else None,
     )
     config = {
         "architectures": ["GPT2LMHeadModel"],
@@ -167,3 +210,4 @@ if __name__ == "__main__":
     write_data()
     write_bert()
     write_gpt2()
+    write_gpt2("gpt2-chat", chat=True)

@@ -148,7 +148,9 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
         "dataset": {"name": spec.dataset.name, "config": spec.dataset.config, "split": spec.dataset.split,
                     "evalSplit": spec.dataset.eval_split, "path": spec.dataset.path,
                     "format": spec.dataset.format, "textField": spec.dataset.text_field,
-                    "textPairField": spec.dataset.text_pair_field, "labelField": spec.dataset.label_field},
+                    "textPairField": spec.dataset.text_pair_field, "labelField": spec.dataset.label_field,
+                    "messagesField": spec.dataset.messages_field, "promptField": spec.dataset.prompt_field,
+                    "completionField": spec.dataset.completion_field},
         "training": {
             "epochs": t.epochs, "maxSteps": t.max_steps, "perDeviceBatchSize": t.per_device_batch_size,
             "gradientAccumulationSteps": t.gradient_accumulation_steps, "learningRate": t.learning_rate,
@@ -159,6 +161,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "lora": None if t.lora is None else {
                 "r": t.lora.r, "alpha": t.lora.alpha if t.lora.alpha is not None else 2 * t.lora.r,
                 "dropout": t.lora.dropout, "targetModules": list(t.lora.target_modules)},
+            "packing": t.packing, "lossOn": t.loss_on,
         },
         "acceleration": spec.acceleration,
         "output": {"path": output_path(ref, spec)},

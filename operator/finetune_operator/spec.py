@@ -81,6 +81,9 @@ class Dataset:
     text_field: str = "text"
     text_pair_field: str | None = None
     label_field: str | None = "label"
+    messages_field: str | None = None  # causal-lm chat data
+    prompt_field: str | None = None  # causal-lm prompt/completion data, with completion_field
+    completion_field: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class Training:
     evaluation: Evaluation = field(default_factory=Evaluation)
     extra_args: dict[str, Any] = field(default_factory=dict)
     lora: Lora | None = None
+    packing: bool = False
+    loss_on: str = "completion"
 
 
 @dataclass(frozen=True)
@@ -294,7 +299,8 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     dataset = Dataset(name=d.get("name"), config=d.get("config"), split=_get(d, "split", "train"),
                       eval_split=d.get("evalSplit"), path=d.get("path"), format=d.get("format"),
                       text_field=_get(d, "textField", "text"), text_pair_field=d.get("textPairField"),
-                      label_field=_get(d, "labelField", "label"))
+                      label_field=_get(d, "labelField", "label"), messages_field=d.get("messagesField"),
+                      prompt_field=d.get("promptField"), completion_field=d.get("completionField"))
     if (dataset.name is None) == (dataset.path is None):
         raise SpecError("spec.dataset", "set exactly one of spec.dataset.name (Hub id) or spec.dataset.path")
     ev = _get(t, "evaluation", {})
@@ -314,7 +320,15 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         keep_checkpoints=int(_get(t, "keepCheckpoints", 2)),
         evaluation=Evaluation(strategy=_get(ev, "strategy", "no"), every_steps=ev.get("everySteps")),
         extra_args=dict(_get(t, "extraArgs", {})), lora=lora,
+        packing=bool(_get(t, "packing", False)), loss_on=_get(t, "lossOn", "completion"),
     )
+    task = _get(spec, "task", "sequence-classification")
+    for key, value in (("messagesField", dataset.messages_field), ("promptField", dataset.prompt_field)):
+        if value and task != "causal-lm":
+            raise SpecError(f"spec.dataset.{key}",
+                            f"chat and prompt/completion data are for task causal-lm, not {task}")
+    if training.packing and task != "causal-lm":
+        raise SpecError("spec.training.packing", f"packing is for task causal-lm, not {task}")
     if training.epochs is not None and training.max_steps is not None:
         raise SpecError("spec.training", "set spec.training.epochs or spec.training.maxSteps, not both")
     if training.epochs is None and training.max_steps is None:

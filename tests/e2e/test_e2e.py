@@ -15,8 +15,9 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
-from tests.e2e.conftest import E2E, ORT_IMAGE, tiny_job
+from tests.e2e.conftest import E2E, ORT_IMAGE, ROOT, tiny_job
 from tests.trainer.helpers import ort_venv_problem
 from tests.waiting import wait_for
 
@@ -69,6 +70,21 @@ def test_two_nodes_train_to_success(e2e: E2E) -> None:
         for col in ("STEP", "SAMPLES/S", "ETA"):
             assert col in header, header
         assert rows and "/150" in rows[0], wide[-1]
+
+
+def test_tiny_chat_example_fine_tunes_a_chat_model(e2e: E2E) -> None:
+    """examples/tiny-chat-job.yaml as a user applies it: chat data through the tokenizer's chat template, TRL's
+    SFTTrainer with the loss on the assistant turns, 2 ranks with DDP, evaluations in result.json."""
+    job = yaml.safe_load((ROOT / "examples" / "tiny-chat-job.yaml").read_text())
+    job["metadata"].pop("annotations")
+    e2e.jobs.create(job)
+    st = _wait_terminal(e2e, "tiny-chat", TRAIN_TIMEOUT)
+    assert st["state"] == "Succeeded", st
+    result = e2e.result("tiny-chat")
+    assert result["steps"] == 60 and result["world_size"] == 2
+    assert [e["step"] for e in result["eval_history"]] == [20, 40, 60]
+    assert result["eval_history"][-1]["loss"] < result["eval_history"][0]["loss"], result["eval_history"]
+    assert (e2e.output_dir("tiny-chat") / "model" / "chat_template.jinja").exists()
 
 
 @pytest.mark.ort

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import Node, ort_venv, ort_venv_problem, poll, read_json, tiny_config
+from tests.trainer.helpers import TINY, Node, ort_venv, ort_venv_problem, poll, read_json, tiny_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.ort]
 
@@ -119,4 +119,22 @@ def test_ort_refuses_two_processes_per_node_on_cpu(ort_trainer: list[str], tmp_p
     term = node.termination()
     assert term is not None and term["reason"] == "ConfigError", term
     assert term["message"].startswith("acceleration") and "spec.procsPerNode" in term["message"], term
+    assert "torch.distributed.run" not in node.log()
+
+
+def test_chat_data_is_refused_on_the_ort_image(ort_trainer: list[str], tmp_path: Path) -> None:
+    """Chat data trains with TRL's SFTTrainer, which the ONNX Runtime image lacks: exit 78 before torchrun, naming
+    the field and the default image."""
+    cfg = tiny_config(
+        tmp_path / "out",
+        example="causal-lm",
+        acceleration="none",
+        model={"path": str(TINY / "gpt2-chat")},
+        dataset={"path": str(TINY / "chat"), "messagesField": "messages"},
+    )
+    node = Node(tmp_path, cfg, launcher=ort_trainer)
+    assert node.wait(120) == 78, node.log()
+    term = node.termination()
+    assert term is not None and term["message"].startswith("dataset.messagesField"), term
+    assert "TRL" in term["message"] and "default trainer image" in term["message"], term
     assert "torch.distributed.run" not in node.log()

@@ -53,7 +53,7 @@ def pins(lock: str) -> dict[str, str]:
 def test_default_lock_pins_the_current_stack() -> None:
     p = pins("requirements.lock")
     assert p["torch"] == "2.15.0" and p["transformers"] == "5.24.0" and p["accelerate"] == "1.15.0"
-    assert p["datasets"] == "5.2.0" and p["peft"] == "0.21.2"
+    assert p["datasets"] == "5.2.0" and p["peft"] == "0.21.2" and p["trl"] == "1.16.0"
     assert not {"optimum", "onnxruntime-training-cpu", "pytest"} & set(p)  # no ORT, no test tools in the image
     assert 'COPY requirements.lock' in (IMAGE / "Dockerfile").read_text()
     assert 'COPY requirements.lock' in (IMAGE / "Dockerfile.cpu").read_text()
@@ -72,5 +72,5 @@ def test_the_dev_venv_runs_the_default_stack() -> None:
     import importlib.metadata as md
 
     p = pins("requirements.lock")
-    for name in ("torch", "transformers", "accelerate", "datasets", "peft", "huggingface-hub", "tokenizers"):
+    for name in ("torch", "transformers", "accelerate", "datasets", "peft", "trl", "huggingface-hub", "tokenizers"):
         assert md.version(name).split("+")[0] == p[name], name

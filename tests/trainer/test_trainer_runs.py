@@ -6,7 +6,9 @@ Nothing is mocked. Offline (HF_HUB_OFFLINE=1), CPU only. Ports are free ports; w
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -296,3 +298,98 @@ def test_causal_lm_with_lora_trains(tmp_path: Path) -> None:
     (final,) = result["eval_history"]
     assert final["step"] == 10 and final["perplexity"] == pytest.approx(math.exp(final["loss"]))
     assert (out / "model" / "adapter_config.json").exists()  # PEFT saves the adapter
+
+
+# --- chat and prompt/completion data (TRL's SFTTrainer) ------------------------------------------------------------
+
+
+def sft_config(out: Path, data: str, **over: object) -> dict:
+    """The tiny causal-lm config on the chat-capable tokenizer (role tokens, a template marking assistant turns)."""
+    base = tiny_config(
+        out,
+        example="causal-lm",
+        acceleration="none",
+        model={"path": str(TINY / "gpt2-chat")},
+        dataset={"path": str(TINY / data), "evalSplit": "eval"},
+        training={"maxSteps": 20, "checkpointEverySteps": 10, "evaluation": {"strategy": "steps", "everySteps": 10},
+                  "extraArgs": {"logging_steps": 5}},
+    )  # fmt: skip
+    from tests.trainer.helpers import deep_merge
+
+    return deep_merge(base, over)
+
+
+def test_chat_sft_trains_on_the_assistant_turns_only(tmp_path: Path) -> None:
+    """Conversations rendered with the chat template; with lossOn: completion the loss covers the assistant's answer
+    (one word + eos, learnable from the user's sentence), with lossOn: all also the user's random words: the same
+    model and data evaluate far lower on the answers alone."""
+    results = {}
+    for loss_on in ("completion", "all"):
+        out = tmp_path / loss_on
+        cfg = sft_config(out, "chat", dataset={"messagesField": "messages"}, training={"lossOn": loss_on})
+        node = Node(tmp_path / f"w-{loss_on}", cfg)
+        assert node.wait(RUN_TIMEOUT) == 0, node.log()
+        results[loss_on] = read_json(out / "result.json")
+    answers, everything = results["completion"]["final_eval"], results["all"]["final_eval"]
+    assert answers["loss"] < everything["loss"] - 0.5, (answers, everything)
+    assert [e["step"] for e in results["completion"]["eval_history"]] == [10, 20]
+    assert losses(results["completion"])[-1] < losses(results["completion"])[0]
+    assert (tmp_path / "completion" / "model" / "chat_template.jinja").exists()  # the tokenizer goes with the model
+
+
+def test_prompt_completion_sft_with_packing_trains(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cfg = sft_config(out, "prompt-completion", dataset={"promptField": "prompt", "completionField": "completion"},
+                     training={"packing": True, "maxSeqLength": 64})  # fmt: skip
+    node = Node(tmp_path, cfg)
+    assert node.wait(RUN_TIMEOUT) == 0, node.log()
+    result = read_json(out / "result.json")
+    assert result["steps"] == 20 and all(math.isfinite(x) for x in losses(result))
+    # packed: every sample is one 64-token sequence of several rows, so far fewer samples than 20 x 16 rows
+    assert result["tokens"] > 0 and result["samples"] < 20 * 16
+    assert math.isfinite(result["final_eval"]["perplexity"])
+
+
+def _bad_chat(tmp: Path, rows: list[object]) -> str:
+    d = tmp / "bad-chat"
+    d.mkdir()
+    good = (TINY / "chat" / "train.jsonl").read_text().splitlines()[:3]
+    (d / "train.jsonl").write_text("\n".join([*good, *(json.dumps(r) for r in rows)]) + "\n")
+    return str(d)
+
+
+def _no_generation_markers(tmp: Path) -> str:
+    d = tmp / "tok"
+    shutil.copytree(TINY / "gpt2-chat", d)
+    template = (d / "chat_template.jinja").read_text()
+    (d / "chat_template.jinja").write_text(template.replace("{% generation %}", "").replace("{% endgeneration %}", ""))
+    return str(d)
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "words"),
+    [
+        ("missing-field", "dataset.messagesField", ["row 3 of split 'train'", "non-empty list"]),
+        ("rejected-role", "dataset.messagesField", ["row 3 of split 'train'", "unsupported role tool"]),
+        ("no-template", "dataset.messagesField", ["no chat template", "promptField"]),
+        ("no-generation-markers", "training.lossOn", ["{% generation %}", "lossOn: all"]),
+    ],
+    ids=["missing-field", "rejected-role", "no-template", "no-generation-markers"],
+)
+def test_bad_chat_data_exits_78_naming_the_field_and_row(tmp_path: Path, case: str, field: str, words: list) -> None:
+    over: dict = {"dataset": {"messagesField": "messages", "evalSplit": None},
+                  "training": {"evaluation": {"strategy": "no"}}}  # fmt: skip
+    if case == "missing-field":
+        over["dataset"]["path"] = _bad_chat(tmp_path, [{"other": 1}])
+    elif case == "rejected-role":
+        over["dataset"]["path"] = _bad_chat(tmp_path, [{"messages": [{"role": "tool", "content": "good"}]}])
+    elif case == "no-template":
+        over["model"] = {"path": str(TINY / "gpt2")}
+    else:
+        over["model"] = {"path": _no_generation_markers(tmp_path)}
+    node = Node(tmp_path, sft_config(tmp_path / "out", "chat", **over))
+    assert node.wait(RUN_TIMEOUT) == 78, node.log()
+    term = node.termination()
+    assert term is not None and term["reason"] == "ConfigError" and term["message"].startswith(field), term
+    for word in words:
+        assert word in term["message"], term

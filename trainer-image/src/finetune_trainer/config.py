@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from finetune_trainer.errors import ConfigError
 
-CONFIG_VERSION = "1.1"
+CONFIG_VERSION = "1.2"
 SUPPORTED_MAJOR = 1
-SUPPORTED_MINOR = 1
+SUPPORTED_MINOR = 2
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
 
 Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq"]
@@ -85,6 +85,18 @@ class DatasetConfig:
     format: str | None = None
     text_pair_field: str | None = None
     label_field: str | None = None
+    messages_field: str | None = None  # chat data (causal-lm)
+    prompt_field: str | None = None  # prompt/completion data (causal-lm), with completion_field
+    completion_field: str | None = None
+
+    @property
+    def sft_format(self) -> str | None:
+        """'chat', 'prompt-completion', or None for plain text."""
+        if self.messages_field:
+            return "chat"
+        if self.prompt_field or self.completion_field:
+            return "prompt-completion"
+        return None
 
     def resolved_format(self) -> str:
         if self.format:
@@ -144,6 +156,8 @@ class TrainingConfig:
     eval_every_steps: int | None = None
     extra_args: dict[str, Any] = field(default_factory=dict)
     lora: LoraConfig | None = None
+    packing: bool = False
+    loss_on: str = "completion"  # chat / prompt-completion: assistant turns or completions only, or "all"
 
 
 @dataclass(frozen=True)
@@ -268,12 +282,24 @@ def parse_config(raw: dict[str, Any]) -> Config:
         text_field=d["textField"],
         text_pair_field=d.get("textPairField"),
         label_field=d.get("labelField"),
+        messages_field=d.get("messagesField"),
+        prompt_field=d.get("promptField"),
+        completion_field=d.get("completionField"),
     )
     if bool(dataset.name) == bool(dataset.path):
         raise ConfigError(
             "dataset",
             "set exactly one of spec.dataset.name (a Hub id) and spec.dataset.path (a local file or directory)",
         )
+    if dataset.sft_format and task != "causal-lm":
+        key = "messagesField" if dataset.messages_field else "promptField"
+        raise ConfigError(f"dataset.{key}", f"chat and prompt/completion data are for task causal-lm, not {task!r}")
+    if dataset.messages_field and (dataset.prompt_field or dataset.completion_field):
+        raise ConfigError("dataset.messagesField", "set either spec.dataset.messagesField (chat) or "
+                          "spec.dataset.promptField and completionField (prompt/completion), not both")
+    if bool(dataset.prompt_field) != bool(dataset.completion_field):
+        missing = "completionField" if dataset.prompt_field else "promptField"
+        raise ConfigError(f"dataset.{missing}", f"prompt/completion data needs both columns; set spec.dataset.{missing}")
     if task == "sequence-classification" and not dataset.label_field:
         raise ConfigError(
             "dataset.labelField", "sequence-classification needs a label column; set spec.dataset.labelField"
@@ -305,7 +331,11 @@ def parse_config(raw: dict[str, Any]) -> Config:
         eval_every_steps=ev.get("everySteps"),
         extra_args=dict(t.get("extraArgs") or {}),
         lora=lora,
+        packing=bool(t.get("packing") or False),
+        loss_on=t.get("lossOn") or "completion",
     )
+    if training.packing and task != "causal-lm":
+        raise ConfigError("training.packing", f"packing is for task causal-lm, not {task!r}")
     if (training.epochs is None) == (training.max_steps is None):
         raise ConfigError("training", "set exactly one of spec.training.epochs and spec.training.maxSteps")
     if training.eval_strategy != "no" and not dataset.eval_split:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from typing import Any
 
 from finetune_trainer.config import Config, DatasetConfig
@@ -47,7 +48,12 @@ def local_columns(ds: DatasetConfig, split: str) -> list[str]:
 def check_columns(config: Config, columns: list[str]) -> None:
     """Every configured field must be a column; the message names the field and the columns that exist."""
     ds = config.dataset
-    wanted = [("textField", ds.text_field), ("textPairField", ds.text_pair_field)]
+    if ds.sft_format == "chat":
+        wanted = [("messagesField", ds.messages_field)]
+    elif ds.sft_format == "prompt-completion":
+        wanted = [("promptField", ds.prompt_field), ("completionField", ds.completion_field)]
+    else:
+        wanted = [("textField", ds.text_field), ("textPairField", ds.text_pair_field)]
     if config.task == "sequence-classification":
         wanted.append(("labelField", ds.label_field))
     for key, column in wanted:
@@ -121,3 +127,100 @@ def tokenize(config: Config, dataset: Any, tokenizer: Any, label_ids: dict[Any, 
 
     tokenized = dataset.map(fn, batched=True, remove_columns=dataset.column_names, desc="tokenize")
     return tokenized.filter(lambda ex: len(ex["input_ids"]) > 0)
+
+
+# --- chat and prompt/completion data (TRL's SFTTrainer) ----------------------------------------------------------------
+
+def uses_sft(config: Config) -> bool:
+    """causal-lm with chat or prompt/completion data, or with packing, trains with TRL's SFTTrainer."""
+    return config.task == "causal-lm" and bool(config.dataset.sft_format or config.training.packing)
+
+
+def sft_dataset(config: Config, dataset: Any) -> Any:
+    """The split with only the columns TRL's SFTTrainer reads, renamed to its names: messages (chat); prompt and
+    completion; or text (plain text with packing)."""
+    ds = config.dataset
+    fmt = ds.sft_format
+    if fmt == "chat":
+        pairs = [(ds.messages_field, "messages")]
+    elif fmt == "prompt-completion":
+        pairs = [(ds.prompt_field, "prompt"), (ds.completion_field, "completion")]
+    else:
+        pairs = [(ds.text_field, "text")]
+    keep = dataset.select_columns([s for s, _ in pairs])
+    renames = {s: t for s, t in pairs if s != t}
+    return keep.rename_columns(renames) if renames else keep
+
+
+def check_sft_rows(config: Config, dataset: Any, tokenizer: Any, split: str) -> float:
+    """Every row of an SFT split must be usable; returns the mean tokenized row length (before padding).
+
+    A missing or empty field, a conversation that is not a list of {role, content}, a chat template the tokenizer
+    lacks, a role the template rejects, or (with lossOn: completion) a template that does not mark assistant turns
+    is a :class:`ConfigError` naming the field and the row: caught here, before the model loads, rather than as a
+    stack trace out of TRL's tokenization."""
+    ds = config.dataset
+    fmt = ds.sft_format
+    if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            "dataset.messagesField",
+            f"the tokenizer of {config.model.source!r} has no chat template, so conversations cannot be rendered; "
+            "use a chat model's tokenizer, or prompt/completion data (spec.dataset.promptField/completionField)",
+        )
+    total = 0
+    for i, row in enumerate(dataset):
+        if fmt == "chat":
+            total += _chat_row_tokens(config, tokenizer, row.get("messages"), i, split)
+        elif fmt is None:
+            text = row.get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigError(
+                    "dataset.textField", f"row {i} of split {split!r}: column {ds.text_field!r} is missing or empty"
+                )
+            total += len(tokenizer(text)["input_ids"])
+        else:
+            for key, column in (("promptField", "prompt"), ("completionField", "completion")):
+                value = row.get(column)
+                if not isinstance(value, str) or not value.strip():
+                    name = ds.prompt_field if column == "prompt" else ds.completion_field
+                    raise ConfigError(
+                        f"dataset.{key}", f"row {i} of split {split!r}: column {name!r} is missing or empty"
+                    )
+            total += len(tokenizer(row["prompt"] + row["completion"])["input_ids"])
+    if fmt == "chat" and config.training.loss_on == "completion":
+        _check_assistant_markers(tokenizer, dataset[0]["messages"])
+    return total / max(1, len(dataset))
+
+
+def _chat_row_tokens(config: Config, tokenizer: Any, messages: Any, i: int, split: str) -> int:
+    where = f"row {i} of split {split!r}"
+    column = config.dataset.messages_field
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError("dataset.messagesField", f"{where}: column {column!r} must be a non-empty list of messages")
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ConfigError(
+                "dataset.messagesField", f"{where}: message {j} must be an object with string 'role' and 'content'"
+            )
+    try:
+        return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    except Exception as e:  # jinja2 TemplateError from raise_exception(), or the template's own failure
+        raise ConfigError(
+            "dataset.messagesField", f"{where}: the chat template rejected the conversation ({type(e).__name__}: {e})"
+        ) from None
+
+
+def _check_assistant_markers(tokenizer: Any, messages: Any) -> None:
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    marked = re.search(r"{%-?\s*generation\s*-?%}", template) is not None
+    if marked:
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        marked = any(out.get("assistant_masks") or [])
+    if not marked:
+        raise ConfigError(
+            "training.lossOn",
+            "the tokenizer's chat template does not mark assistant turns ({% generation %}), so the loss cannot be "
+            "restricted to them; set spec.training.lossOn: all, or use a template with generation markers",
+        )

@@ -16,6 +16,7 @@ exist or cannot be read); 75 rendezvous/preflight timeout (also: node rank 0's c
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -53,6 +54,15 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
 
     kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda_available))
     accel.check_available(kind, nproc_per_node=run.nproc_per_node, cuda_available=cuda_available)
+    if data.uses_sft(config):
+        field = "training.packing" if not config.dataset.sft_format else (
+            "dataset.messagesField" if config.dataset.sft_format == "chat" else "dataset.promptField")
+        if kind == "ort":
+            raise ConfigError(field, "chat, prompt/completion data and packing train with TRL's SFTTrainer, not "
+                                     "ONNX Runtime's ORTTrainer; set spec.acceleration to 'auto', 'none' or 'compile'")
+        if importlib.util.find_spec("trl") is None:
+            raise ConfigError(field, "chat, prompt/completion data and packing need TRL, which this image lacks; use "
+                                     "the default trainer image (remove spec.image)")
     if config.training.precision == "fp16" and not cuda_available:
         raise ConfigError("training.precision", "fp16 needs a GPU; use 'auto', 'bf16' or 'fp32' on CPU")
 

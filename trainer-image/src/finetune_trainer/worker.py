@@ -78,6 +78,21 @@ def _auto_classes(task: str) -> Any:
 def build_training_args(config: Config, backend: accel.Backend, ident: Identity, *, cuda: bool, precision: str) -> Any:
     _, args_cls = backend.classes()
     t = config.training
+    sft: dict[str, Any] = {}
+    if data.uses_sft(config):
+        from trl import SFTConfig
+
+        args_cls = SFTConfig
+        fmt = config.dataset.sft_format
+        sft = {
+            "max_length": t.max_seq_length,
+            "packing": t.packing,
+            "dataset_text_field": "text",
+            "assistant_only_loss": fmt == "chat" and t.loss_on == "completion",
+            "completion_only_loss": fmt == "prompt-completion" and t.loss_on == "completion",
+            # torch.compile: one padded shape per batch, as for the other tasks
+            "pad_to_multiple_of": t.max_seq_length if backend.name == "compile" and not t.packing else None,
+        }
     known = compat.training_arg_names(args_cls)
     for key in t.extra_args:
         if key not in known:
@@ -104,6 +119,7 @@ def build_training_args(config: Config, backend: accel.Backend, ident: Identity,
         "optim": "adamw_torch_fused" if accel.fused_adamw_supported("cuda" if cuda else "cpu") else "adamw_torch",
         **compat.eval_strategy_kwargs(args_cls, t.eval_strategy, t.eval_every_steps),
     }
+    kwargs.update(sft)
     if t.max_steps is not None:
         kwargs["max_steps"] = t.max_steps
     else:
@@ -288,18 +304,26 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         log.info("resuming from %s", resume.path)
 
     tokenizer = load_tokenizer(config)
+    sft = data.uses_sft(config)
+    evaluate = bool(config.dataset.eval_split and config.training.eval_strategy != "no")
+    splits = [config.dataset.split] + ([config.dataset.eval_split] if evaluate else [])
+    prepared: list[Any] = []
+    mean_tokens: list[float] = []  # per split, the training split's first
+    weigh = config.acceleration == "auto" and accel.weighs_workload(hardware)
+    label_ids, labels = (None, None)
     with args.main_process_first(desc="load and tokenize the dataset"):
-        train_raw = data.load_split(config, config.dataset.split)
-        data.check_columns(config, list(train_raw.column_names))
-        label_ids, labels = (None, None)
-        if config.task == "sequence-classification":
-            label_ids, labels = data.label_mapping(train_raw.unique(config.dataset.label_field))
-        train_ds = data.tokenize(config, train_raw, tokenizer, label_ids)
-        eval_ds = None
-        if config.dataset.eval_split and config.training.eval_strategy != "no":
-            eval_raw = data.load_split(config, config.dataset.eval_split)
-            data.check_columns(config, list(eval_raw.column_names))
-            eval_ds = data.tokenize(config, eval_raw, tokenizer, label_ids)
+        for split in splits:
+            raw = data.load_split(config, split)
+            data.check_columns(config, list(raw.column_names))
+            if sft:  # TRL's SFTTrainer renders and tokenizes; every row is checked first, naming the bad one
+                prepared.append(data.sft_dataset(config, raw))
+                mean_tokens.append(data.check_sft_rows(config, prepared[-1], tokenizer, split))
+            else:
+                if config.task == "sequence-classification" and label_ids is None:
+                    label_ids, labels = data.label_mapping(raw.unique(config.dataset.label_field))
+                prepared.append(data.tokenize(config, raw, tokenizer, label_ids))
+                mean_tokens.append(mean_row_tokens(prepared[-1]) if weigh else 0.0)
+    train_ds, eval_ds = prepared[0], (prepared[1] if evaluate else None)
     if len(train_ds) == 0:
         raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
 
@@ -307,13 +331,13 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     model = load_model(config, backend, tokenizer, labels, device=f"cuda:{ident.local_rank}" if cuda else None)
     params = sum(p.numel() for p in model.parameters())
     phases["model_seconds"] = time.time() - launch_time - sum(phases.values())
-    if config.acceleration == "auto" and accel.weighs_workload(hardware):
+    if weigh:
         load = workload(
             config,
             ident,
             params=params,
             train_rows=len(train_ds),
-            mean_row_tokens=mean_row_tokens(train_ds),
+            mean_row_tokens=config.training.max_seq_length if config.training.packing else mean_tokens[0],
             done_steps=resume.step if resume else 0,
         )
         kind, why = accel.explain_acceleration("auto", hardware, load)
@@ -335,7 +359,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         optimizer,
     )
     device_name = torch.cuda.get_device_name(0) if cuda else None
-    counter = BatchCounter(make_collator(config, tokenizer, static_shapes=kind == "compile"))
+    # SFTTrainer builds its own collator (completion / assistant masks, packing): it is wrapped once the trainer exists.
+    counter = BatchCounter(None if sft else make_collator(config, tokenizer, static_shapes=kind == "compile"))
     metrics_cb = MetricsCallback(
         metrics,
         counter,
@@ -352,7 +377,11 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         metrics=metrics,
         control_group=control_group,
     )
-    trainer_cls, _ = backend.classes()
+    trainer_cls = backend.classes()[0]
+    if sft:
+        from trl import SFTTrainer
+
+        trainer_cls = SFTTrainer
     trainer_cls = compat.eval_without_collator_wrapper(compat.cpu_resumable(trainer_cls))
     classify = config.task == "sequence-classification" and eval_ds is not None
     trainer = trainer_cls(
@@ -360,12 +389,14 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
-        data_collator=counter,
+        data_collator=None if sft else counter,
         callbacks=[metrics_cb, ckpt_cb],
         compute_metrics=evaluation.classification_metrics if classify else None,
         preprocess_logits_for_metrics=evaluation.argmax_logits if classify else None,
         **compat.tokenizer_kwarg(trainer_cls, tokenizer),
     )
+    if sft:
+        counter.collator, trainer.data_collator = trainer.data_collator, counter
     started = time.perf_counter()
     output = trainer.train(resume_from_checkpoint=resume.path if resume else None)
     runtime = time.perf_counter() - started
