@@ -3,8 +3,8 @@ node agent (``tests/nodeagent``) — the one test double: it stands in for kubel
 each trainer pod's ``finetune-trainer`` as local processes in network/mount/UTS/PID namespaces of their own.
 
 Needs root and iproute2/util-linux (network namespaces); fails (never skips) without them. The trainer "image" is a
-virtualenv holding ``finetune-trainer`` (``$FINETUNE_AGENT_IMAGE_VENV``, else the running venv); the operator's ONNX Runtime
-image (``acceleration: ort``) runs from the ORT stack's venv (``.ci/venv.sh --ort-path``).
+virtualenv holding ``finetune-trainer`` (``$FINETUNE_AGENT_IMAGE_VENV``, else the running venv); the operator's ONNX
+Runtime image (``acceleration: ort``) runs from the ORT stack's venv (``.ci/venv.sh --ort-path``).
 """
 
 from __future__ import annotations

@@ -200,12 +200,13 @@ def test_operator_restart_while_training_keeps_pods(e2e: E2E) -> None:
 
     st = _wait_terminal(e2e, "tiny", TRAIN_TIMEOUT, track)
     assert st["state"] == "Succeeded", st
-    # While it ran, `kubectl get ftj -o wide` showed step, samples/s and ETA from rank 0's metrics.
+    # While it ran, `kubectl get ftj -o wide` showed step, samples/s and ETA from rank 0's metrics (and no eval
+    # loss: this job does not evaluate).
     assert wide, "status.progress never appeared while the job ran"
     header, row = wide[-1].splitlines()[:2]
-    assert header.split()[-3:] == ["STEP", "SAMPLES/S", "ETA"], header
-    step, samples, eta = row.split()[-3:]
-    assert step.endswith("/400") and float(samples) > 0 and eta, row
+    assert header.split()[-4:] == ["STEP", "SAMPLES/S", "ETA", "EVAL-LOSS"], header
+    step, samples, eta, eval_loss = row.split()[-4:]
+    assert step.endswith("/400") and float(samples) > 0 and eta and eval_loss == "<none>", row
     assert st.get("restarts", 0) == 0
     assert seen <= set(uids.values()), (seen, uids)
     assert {p.metadata.name: p.metadata.uid for p in e2e.jobs.pods("tiny")} == uids
