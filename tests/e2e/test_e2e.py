@@ -205,8 +205,9 @@ def test_operator_restart_while_training_keeps_pods(e2e: E2E) -> None:
     assert wide, "status.progress never appeared while the job ran"
     header, row = wide[-1].splitlines()[:2]
     assert header.split()[-4:] == ["STEP", "SAMPLES/S", "ETA", "EVAL-LOSS"], header
-    step, samples, eta, eval_loss = row.split()[-4:]
-    assert step.endswith("/400") and float(samples) > 0 and eta and eval_loss == "<none>", row
+    at = [header.index(col) for col in ("STEP", "SAMPLES/S", "ETA", "EVAL-LOSS")]  # kubectl leaves empty cells blank
+    step, samples, eta, eval_loss = (row[a:b].strip() for a, b in zip(at, [*at[1:], None], strict=True))
+    assert step.endswith("/400") and float(samples) > 0 and eta and eval_loss == "", row
     assert st.get("restarts", 0) == 0
     assert seen <= set(uids.values()), (seen, uids)
     assert {p.metadata.name: p.metadata.uid for p in e2e.jobs.pods("tiny")} == uids

@@ -283,7 +283,7 @@ def test_worker_config_error_travels_through_error_file(tmp_path: Path) -> None:
 def test_causal_lm_with_lora_trains(tmp_path: Path) -> None:
     import_required("peft")
     out = tmp_path / "out"
-    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targetModules": ["c_attn"]}
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targetModules": ["all-linear"]}
     cfg = tiny_config(
         out,
         example="causal-lm",
@@ -298,7 +298,9 @@ def test_causal_lm_with_lora_trains(tmp_path: Path) -> None:
     # 10 steps end before the first epoch does: only the final model's evaluation, with perplexity = exp(loss).
     (final,) = result["eval_history"]
     assert final["step"] == 10 and final["perplexity"] == pytest.approx(math.exp(final["loss"]))
-    assert (out / "model" / "adapter_config.json").exists()  # PEFT saves the adapter
+    adapter = read_json(out / "model" / "adapter_config.json")  # PEFT saves the adapter
+    # all-linear: every linear layer of the GPT-2 blocks (attention and MLP), not the output head
+    assert set(adapter["target_modules"]) == {"c_attn", "c_proj", "c_fc"}, adapter["target_modules"]
 
 
 # --- chat and prompt/completion data (TRL's SFTTrainer) ------------------------------------------------------------

@@ -196,12 +196,20 @@ def apply_lora(config: Config, model: Any) -> Any:
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules) or None,
+        target_modules=_lora_targets(lora.target_modules),
     )
     try:
         return peft.get_peft_model(model, peft_config)
     except ValueError as e:
         raise ConfigError("training.lora.targetModules", str(e)) from None
+
+
+def _lora_targets(names: tuple[str, ...]) -> Any:
+    """PEFT's target_modules: the names, PEFT's per-architecture default (None) when empty, or its keyword
+    "all-linear" (every linear layer but the output head), which PEFT takes as a string, not a list."""
+    if list(names) == ["all-linear"]:
+        return "all-linear"
+    return list(names) or None
 
 
 def make_collator(config: Config, tokenizer: Any, *, static_shapes: bool) -> Any:
