@@ -71,17 +71,18 @@ def cpu_resumable(trainer_cls: type) -> type:
 
 
 def eval_without_collator_wrapper(trainer_cls: type) -> type:
-    """A subclass whose evaluation and prediction dataloaders use the collator a wrapper (``.collator``) wraps.
+    """A subclass whose evaluation and prediction dataloaders use the collator the metrics' batch counter wraps.
 
-    The Trainer builds every dataloader from ``self.data_collator``; the metrics' batch counter wraps it to count
-    what is *trained*, so eval batches (built between optimizer steps) must not pass through it.
+    The Trainer builds every dataloader from ``self.data_collator``; the batch counter wraps it to count what is
+    *trained*, so eval batches (built between optimizer steps) must not pass through it.
     """
+    from finetune_trainer.metrics import BatchCounter
 
     def _plain(self: Any, build: Any) -> Any:
         wrapper = self.data_collator
-        inner = getattr(wrapper, "collator", None)
-        if inner is None:
+        if not isinstance(wrapper, BatchCounter):
             return build()
+        inner = wrapper.collator
         self.data_collator = inner
         try:
             return build()
