@@ -37,13 +37,13 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def tiny_config(output: Path, example: str = "sequence-classification", **over: Any) -> dict[str, Any]:
-    """The tiny example config with absolute paths and its output under ``output``."""
+def tiny_config(out_dir: Path, example: str = "sequence-classification", **over: Any) -> dict[str, Any]:
+    """The tiny example config with absolute paths and its output under ``out_dir``."""
     name = "config-seqcls.json" if example == "sequence-classification" else "config-causal-lm.json"
     cfg = json.loads((TINY / name).read_text())
     cfg["model"]["path"] = str(REPO / cfg["model"]["path"])
     cfg["dataset"]["path"] = str(REPO / cfg["dataset"]["path"])
-    cfg["output"]["path"] = str(output)
+    cfg["output"]["path"] = str(out_dir)
     cfg["metrics"]["port"] = 0
     return deep_merge(cfg, over)
 

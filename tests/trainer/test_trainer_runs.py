@@ -235,6 +235,16 @@ def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> 
         ({"configVersion": "2.0"}, "configVersion", ["newer"]),
         ({"dataset": {"path": "/nonexistent/data.jsonl"}}, "dataset.path", ["does not exist"]),
         ({"acceleration": "ort"}, "acceleration", ["ONNX Runtime trainer image", "trainer.ortImage", "spec.image"]),
+        (
+            {"task": "causal-lm", "training": {"lora": {"r": 4, "quantization": "4bit"}}},
+            "training.lora.quantization",
+            ["QLoRA", "bitsandbytes", "CUDA GPU", "nvidia.com/gpu", "plain LoRA"],
+        ),
+        (
+            {"output": {"pushToHub": {"repo": "org/model"}}},
+            "output.pushToHub.secretRef",
+            ["write access", "spec.output.pushToHub.secretRef"],
+        ),
     ],
     ids=[
         "missing-dataset-field",
@@ -244,6 +254,8 @@ def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> 
         "newer-major",
         "missing-file",
         "ort-on-the-default-image",
+        "qlora-on-cpu",
+        "push-without-a-token",
     ],
 )
 def test_bad_config_exits_78_naming_the_field(tmp_path: Path, override: dict, field: str, words: list[str]) -> None:

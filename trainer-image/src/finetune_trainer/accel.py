@@ -88,7 +88,7 @@ def auto_table() -> dict[str, AutoRow]:
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ConfigError(
             "env." + AUTO_TABLE_ENV,
-            f"not a JSON object of rows like {{\"cuda\": {{\"acceleration\": \"compile\", \"minWorkFlops\": 1e17}}}}: "
+            f'not a JSON object of rows like {{"cuda": {{"acceleration": "compile", "minWorkFlops": 1e17}}}}: '
             f"{type(e).__name__}: {e}",
         ) from None
     return table

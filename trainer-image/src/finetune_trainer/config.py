@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from finetune_trainer.errors import ConfigError
 
-CONFIG_VERSION = "1.2"
+CONFIG_VERSION = "1.3"
 SUPPORTED_MAJOR = 1
-SUPPORTED_MINOR = 2
+SUPPORTED_MINOR = 3
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
 
 Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq"]
@@ -138,6 +138,8 @@ class LoraConfig:
     alpha: int = 16
     dropout: float = 0.05
     target_modules: tuple[str, ...] = ()
+    quantization: str | None = None  # "4bit": QLoRA (NF4 base via bitsandbytes, CUDA only)
+    merge: bool = False  # merge the adapter into the base at the end
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,32 @@ class TrainingConfig:
     lora: LoraConfig | None = None
     packing: bool = False
     loss_on: str = "completion"  # chat / prompt-completion: assistant turns or completions only, or "all"
+    sharding: str = "none"  # "fsdp": fully sharded data parallel
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class HubPush:
+    repo: str
+    private: bool = True
+    endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class S3Export:
+    uri: str
+    endpoint: str | None = None
+    region: str | None = None
+
+    @property
+    def bucket(self) -> str:
+        return self.uri[len("s3://") :].split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix, without surrounding slashes ('' for the bucket's root)."""
+        rest = self.uri[len("s3://") :].split("/", 1)
+        return rest[1].strip("/") if len(rest) > 1 else ""
 
 
 @dataclass(frozen=True)
@@ -173,6 +201,8 @@ class Config:
     metrics_port: int = 9400
     preflight_timeout_seconds: int = 300
     cache_path: str | None = None  # the shared Hugging Face cache (HF_HOME); None: each pod downloads on its own
+    push_to_hub: HubPush | None = None
+    s3: S3Export | None = None
 
     @property
     def checkpoints_dir(self) -> str:
@@ -181,6 +211,11 @@ class Config:
     @property
     def model_dir(self) -> str:
         return os.path.join(self.output_path, "model")
+
+    @property
+    def adapter_dir(self) -> str:
+        """Where the adapter goes when it is merged into model/."""
+        return os.path.join(self.output_path, "adapter")
 
     @property
     def result_path(self) -> str:
@@ -295,11 +330,16 @@ def parse_config(raw: dict[str, Any]) -> Config:
         key = "messagesField" if dataset.messages_field else "promptField"
         raise ConfigError(f"dataset.{key}", f"chat and prompt/completion data are for task causal-lm, not {task!r}")
     if dataset.messages_field and (dataset.prompt_field or dataset.completion_field):
-        raise ConfigError("dataset.messagesField", "set either spec.dataset.messagesField (chat) or "
-                          "spec.dataset.promptField and completionField (prompt/completion), not both")
+        raise ConfigError(
+            "dataset.messagesField",
+            "set either spec.dataset.messagesField (chat) or "
+            "spec.dataset.promptField and completionField (prompt/completion), not both",
+        )
     if bool(dataset.prompt_field) != bool(dataset.completion_field):
         missing = "completionField" if dataset.prompt_field else "promptField"
-        raise ConfigError(f"dataset.{missing}", f"prompt/completion data needs both columns; set spec.dataset.{missing}")
+        raise ConfigError(
+            f"dataset.{missing}", f"prompt/completion data needs both columns; set spec.dataset.{missing}"
+        )
     if task == "sequence-classification" and not dataset.label_field:
         raise ConfigError(
             "dataset.labelField", "sequence-classification needs a label column; set spec.dataset.labelField"
@@ -315,6 +355,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
             alpha=lora_raw.get("alpha", 16),
             dropout=lora_raw.get("dropout", 0.05),
             target_modules=tuple(lora_raw.get("targetModules") or ()),
+            quantization=lora_raw.get("quantization"),
+            merge=bool(lora_raw.get("merge") or False),
         )
     training = TrainingConfig(
         epochs=t.get("epochs"),
@@ -333,6 +375,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         lora=lora,
         packing=bool(t.get("packing") or False),
         loss_on=t.get("lossOn") or "completion",
+        sharding=t.get("sharding") or "none",
+        activation_checkpointing=bool(t.get("activationCheckpointing") or False),
     )
     if training.packing and task != "causal-lm":
         raise ConfigError("training.packing", f"packing is for task causal-lm, not {task!r}")
@@ -354,6 +398,15 @@ def parse_config(raw: dict[str, Any]) -> Config:
                 f"{key!r} is set by the trainer from the FineTuneJob spec and cannot be overridden in extraArgs",
             )
 
+    if training.sharding == "fsdp" and lora is not None and lora.quantization:
+        raise ConfigError(
+            "training.sharding",
+            "QLoRA (lora.quantization) and FSDP do not combine in this trainer; "
+            "drop spec.training.sharding (QLoRA fits 70B-class models on one node) or the quantization",
+        )
+
+    out = raw["output"]
+    hub, s3 = out.get("pushToHub"), out.get("s3")
     metrics = raw.get("metrics") or {}
     preflight = raw.get("preflight") or {}
     cache = raw.get("cache") or {}
@@ -364,11 +417,19 @@ def parse_config(raw: dict[str, Any]) -> Config:
         model=model,
         dataset=dataset,
         training=training,
-        output_path=raw["output"]["path"],
+        output_path=out["path"],
         acceleration=raw.get("acceleration", "auto"),
         metrics_port=metrics.get("port", 9400),
         preflight_timeout_seconds=preflight.get("timeoutSeconds", 300),
         cache_path=cache.get("path"),
+        push_to_hub=HubPush(
+            repo=hub["repo"],
+            private=hub.get("private") is not False,
+            endpoint=hub.get("endpoint"),
+        )
+        if hub
+        else None,
+        s3=S3Export(uri=s3["uri"], endpoint=s3.get("endpoint"), region=s3.get("region")) if s3 else None,
     )
 
 

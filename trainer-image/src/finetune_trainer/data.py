@@ -129,7 +129,8 @@ def tokenize(config: Config, dataset: Any, tokenizer: Any, label_ids: dict[Any, 
     return tokenized.filter(lambda ex: len(ex["input_ids"]) > 0)
 
 
-# --- chat and prompt/completion data (TRL's SFTTrainer) ----------------------------------------------------------------
+# --- chat and prompt/completion data (TRL's SFTTrainer) ---------------------------------------------------------------
+
 
 def uses_sft(config: Config) -> bool:
     """causal-lm with chat or prompt/completion data, or with packing, trains with TRL's SFTTrainer."""

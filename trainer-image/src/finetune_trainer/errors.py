@@ -8,6 +8,7 @@ from typing import Final
 
 EXIT_OK: Final = 0
 EXIT_TRAINING_ERROR: Final = 1
+EXIT_EXPORT_FAILED: Final = 74  # EX_IOERR: trained, but pushing the model out failed (the model is on the claim)
 EXIT_RENDEZVOUS_TIMEOUT: Final = 75  # EX_TEMPFAIL
 EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG
 EXIT_TERMINATED: Final = 143  # 128 + SIGTERM
@@ -16,12 +17,14 @@ REASON_CONFIG: Final = "ConfigError"
 REASON_RENDEZVOUS: Final = "RendezvousTimeout"
 REASON_TRAINING: Final = "TrainingError"
 REASON_TERMINATED: Final = "Terminated"
+REASON_EXPORT: Final = "ExportFailed"
 
 REASON_BY_EXIT: Final = {
     EXIT_TRAINING_ERROR: REASON_TRAINING,
     EXIT_RENDEZVOUS_TIMEOUT: REASON_RENDEZVOUS,
     EXIT_CONFIG_ERROR: REASON_CONFIG,
     EXIT_TERMINATED: REASON_TERMINATED,
+    EXIT_EXPORT_FAILED: REASON_EXPORT,
 }
 
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"

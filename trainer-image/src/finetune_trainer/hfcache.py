@@ -194,9 +194,8 @@ def heartbeat(path: str, every: float = HEARTBEAT_EVERY) -> Iterator[None]:
 
     def beat() -> None:
         while True:
-            with contextlib.suppress(OSError):
-                with open(path, "a"):
-                    os.utime(path)
+            with contextlib.suppress(OSError), open(path, "a"):
+                os.utime(path)
             if stop.wait(every):
                 return
 
@@ -309,9 +308,7 @@ def cached_model_files(hub_cache: str, repo_id: str, revision: str) -> list[str]
         with open(ref, encoding="utf-8") as f:
             commit = f.read().strip()
     snapshot = os.path.join(repo, "snapshots", commit)
-    return [
-        os.path.relpath(os.path.join(d, name), snapshot) for d, _, names in os.walk(snapshot) for name in names
-    ]
+    return [os.path.relpath(os.path.join(d, name), snapshot) for d, _, names in os.walk(snapshot) for name in names]
 
 
 def fetch(fetch_plan: FetchPlan, cache_path: str) -> dict[str, Any]:

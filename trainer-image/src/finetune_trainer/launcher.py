@@ -55,14 +55,24 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
     kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda_available))
     accel.check_available(kind, nproc_per_node=run.nproc_per_node, cuda_available=cuda_available)
     if data.uses_sft(config):
-        field = "training.packing" if not config.dataset.sft_format else (
-            "dataset.messagesField" if config.dataset.sft_format == "chat" else "dataset.promptField")
+        field = (
+            "training.packing"
+            if not config.dataset.sft_format
+            else ("dataset.messagesField" if config.dataset.sft_format == "chat" else "dataset.promptField")
+        )
         if kind == "ort":
-            raise ConfigError(field, "chat, prompt/completion data and packing train with TRL's SFTTrainer, not "
-                                     "ONNX Runtime's ORTTrainer; set spec.acceleration to 'auto', 'none' or 'compile'")
+            raise ConfigError(
+                field,
+                "chat, prompt/completion data and packing train with TRL's SFTTrainer, not "
+                "ONNX Runtime's ORTTrainer; set spec.acceleration to 'auto', 'none' or 'compile'",
+            )
         if importlib.util.find_spec("trl") is None:
-            raise ConfigError(field, "chat, prompt/completion data and packing need TRL, which this image lacks; use "
-                                     "the default trainer image (remove spec.image)")
+            raise ConfigError(
+                field,
+                "chat, prompt/completion data and packing need TRL, which this image lacks; use "
+                "the default trainer image (remove spec.image)",
+            )
+    validate_llm(config, kind, cuda_available=cuda_available)
     if config.training.precision == "fp16" and not cuda_available:
         raise ConfigError("training.precision", "fp16 needs a GPU; use 'auto', 'bf16' or 'fp32' on CPU")
 
@@ -86,6 +96,43 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
         raise ConfigError(
             "output.path", f"cannot write to {config.output_path!r}: {e}; check the output volume"
         ) from None
+
+
+def validate_llm(config: Config, kind: str, *, cuda_available: bool) -> None:
+    """QLoRA, merging, FSDP and exports: refused before any work when this image or machine cannot do them."""
+    from finetune_trainer import export
+
+    t, m = config.training, config.model
+    if t.lora is not None and t.lora.quantization:
+        field = "training.lora.quantization"
+        if not cuda_available:
+            raise ConfigError(
+                field,
+                "QLoRA loads the frozen base in 4-bit NF4 through bitsandbytes, whose 4-bit training kernels need a "
+                "CUDA GPU, and this pod sees none; request GPUs (spec.resources.limits nvidia.com/gpu) or remove "
+                "spec.training.lora.quantization to train plain LoRA",
+            )
+        if kind == "ort" or importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError(field, "QLoRA needs bitsandbytes, which this image lacks; use the default trainer image")
+        if m.init_from_config:
+            raise ConfigError(
+                field,
+                "QLoRA quantizes pretrained weights as they load; spec.model.initFromConfig builds random ones in "
+                "memory. Save the model and set spec.model.path, or remove the quantization",
+            )
+    if t.sharding == "fsdp" and kind == "ort":
+        raise ConfigError(
+            "training.sharding",
+            "FSDP is not supported with ORTTrainer; set spec.acceleration to 'auto', 'none' or 'compile'",
+        )
+    if config.push_to_hub and not export.hub_token():
+        raise ConfigError(
+            "output.pushToHub.secretRef",
+            "pushing to the Hub needs a token with write access: set spec.output.pushToHub.secretRef (or "
+            "spec.hfTokenSecretRef) to a Secret holding it",
+        )
+    if config.s3 and importlib.util.find_spec("boto3") is None:
+        raise ConfigError("output.s3", "copying to S3 needs boto3, which this image lacks; use the default image")
 
 
 def preflight(config: Config, run: RunEnv) -> float:
@@ -234,6 +281,14 @@ def run() -> int:
         message = read_error_file(error_file)
 
     if rc == 0:
+        if run_env.node_rank != 0:
+            return 0
+        from finetune_trainer import export
+
+        try:
+            export.run_exports(config)
+        except export.ExportError as e:
+            return _fail(errors.EXIT_EXPORT_FAILED, str(e))
         return 0
     if forwarder.signalled:
         from finetune_trainer.checkpoints import latest_complete

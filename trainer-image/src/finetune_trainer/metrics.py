@@ -171,6 +171,7 @@ class BatchCounter:
             taken = [self._built.popleft() for _ in range(n)]
         return sum(t[0] for t in taken), sum(t[1] for t in taken)
 
+
 class MetricsCallback(TrainerCallback):
     """Updates :class:`TrainerMetrics` from the Trainer's events. Cheap: a few clock reads and Python arithmetic
     per step, no device synchronisation and no communication."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from finetune_trainer import accel, checkpoints, compat, data, evaluation
+from finetune_trainer import accel, adapters, checkpoints, compat, data, evaluation, sharding
 from finetune_trainer.callbacks import CheckpointCallback, StopFlag
 from finetune_trainer.config import Config, load_config
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
@@ -120,6 +120,12 @@ def build_training_args(config: Config, backend: accel.Backend, ident: Identity,
         **compat.eval_strategy_kwargs(args_cls, t.eval_strategy, t.eval_every_steps),
     }
     kwargs.update(sft)
+    if t.sharding == "fsdp":
+        kwargs.update(sharding.training_args(t.activation_checkpointing))
+    elif t.activation_checkpointing:
+        name = "activation_checkpointing" if "activation_checkpointing" in known else "gradient_checkpointing"
+        kwargs[name] = True
+        kwargs[name + "_kwargs"] = {"use_reentrant": False}  # frozen (LoRA) inputs still get gradients
     if t.max_steps is not None:
         kwargs["max_steps"] = t.max_steps
     else:
@@ -152,10 +158,17 @@ def load_tokenizer(config: Config) -> Any:
 
 
 def load_model(
-    config: Config, backend: accel.Backend, tokenizer: Any, labels: list[str] | None, *, device: str | None = None
+    config: Config,
+    backend: accel.Backend,
+    tokenizer: Any,
+    labels: list[str] | None,
+    *,
+    device: str | None = None,
+    precision: str = "fp32",
 ) -> Any:
-    """The model, with LoRA when configured. ``initFromConfig`` models are built and initialised directly on
-    ``device`` (a GPU initialises a billion parameters in well under a second; the CPU takes tens of seconds)."""
+    """The model, with LoRA (or QLoRA: the base in 4-bit on ``device``) when configured. ``initFromConfig`` models
+    are built and initialised directly on ``device`` (a GPU initialises a billion parameters in well under a second;
+    the CPU takes tens of seconds)."""
     import contextlib
 
     import torch
@@ -177,39 +190,14 @@ def load_model(
         with torch.device(device) if device else contextlib.nullcontext():
             model = auto.from_config(model_config, **common, **attn)
     else:
-        model = auto.from_pretrained(m.source, config=model_config, **common, **hub, **attn)
+        quant: dict[str, Any] = {}
+        lora = config.training.lora
+        if lora is not None and lora.quantization:
+            quant = {"quantization_config": adapters.quantization_config(precision), "device_map": {"": device}}
+        model = auto.from_pretrained(m.source, config=model_config, **common, **hub, **attn, **quant)
     if config.training.lora is not None:
-        model = apply_lora(config, model)
+        model = adapters.apply_lora(config, model)
     return model
-
-
-def apply_lora(config: Config, model: Any) -> Any:
-    try:
-        import peft
-    except ImportError:
-        raise ConfigError("training.lora", "LoRA needs the 'peft' package, which this image lacks") from None
-    lora = config.training.lora
-    assert lora is not None
-    task_type = {"sequence-classification": peft.TaskType.SEQ_CLS, "causal-lm": peft.TaskType.CAUSAL_LM}[config.task]
-    peft_config = peft.LoraConfig(
-        task_type=task_type,
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=_lora_targets(lora.target_modules),
-    )
-    try:
-        return peft.get_peft_model(model, peft_config)
-    except ValueError as e:
-        raise ConfigError("training.lora.targetModules", str(e)) from None
-
-
-def _lora_targets(names: tuple[str, ...]) -> Any:
-    """PEFT's target_modules: the names, PEFT's per-architecture default (None) when empty, or its keyword
-    "all-linear" (every linear layer but the output head), which PEFT takes as a string, not a list."""
-    if list(names) == ["all-linear"]:
-        return "all-linear"
-    return list(names) or None
 
 
 def make_collator(config: Config, tokenizer: Any, *, static_shapes: bool) -> Any:
@@ -263,6 +251,63 @@ def mean_row_tokens(ds: Any) -> float:
     return sum(lengths) / len(lengths) if lengths else 0.0
 
 
+def state_checksum(state: dict[str, Any]) -> str:
+    """:func:`params_checksum` of a gathered (FSDP) state dict: equal on every rank."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items(), key=lambda kv: kv[0]):
+        h.update(name.encode())
+        h.update(t.float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_final_model(
+    config: Config,
+    trainer: Any,
+    *,
+    tokenizer: Any,
+    ident: Identity,
+    full_state: dict[str, Any] | None,  # FSDP: the gathered weights (rank 0; empty elsewhere); None: not sharded
+    backend: accel.Backend,
+    labels: list[str] | None,
+    precision: str,
+) -> dict[str, Any]:
+    """Write the trained model (rank 0) and say what went in. ``model/`` holds what a user loads: the full model,
+    the adapter, or, with ``lora.merge``, the adapter merged into the base (then ``adapter/`` holds the adapter).
+    Every rank calls this; only rank 0 writes."""
+    import torch
+
+    lora = config.training.lora
+    merge = bool(lora and lora.merge)
+    first_dir = config.adapter_dir if merge else config.model_dir
+    if full_state is None:
+        trainer.save_model(first_dir)  # rank 0 writes; tokenizer files go with it
+    elif ident.rank == 0:
+        trainer.model.save_pretrained(first_dir, state_dict=full_state, safe_serialization=True)
+        tokenizer.save_pretrained(first_dir)
+    if merge and ident.rank == 0:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        if lora is not None and lora.quantization:
+            merged = adapters.merge_from_disk(config, config.adapter_dir, dtype)
+        elif full_state is not None:  # FSDP: the gathered weights into a fresh copy on the CPU
+            fresh = load_model(config, backend, tokenizer, labels, device="cpu", precision=precision)
+            fresh.load_state_dict(full_state)
+            merged = adapters.merge_in_memory(fresh)
+        else:
+            merged = adapters.merge_in_memory(trainer.model)
+        merged.save_pretrained(config.model_dir, safe_serialization=True)
+        tokenizer.save_pretrained(config.model_dir)
+        log.info("merged the adapter into %s: %s", config.model.source, config.model_dir)
+    return {
+        "base": config.model.source,
+        "revision": config.model.revision,
+        "init_from_config": config.model.init_from_config,
+        "adapter": adapters.adapter_summary(config, trainer.model),
+        "merged": merge,
+        "path": config.model_dir,
+        "adapter_path": config.adapter_dir if merge else (config.model_dir if lora else None),
+    }
+
+
 def _write_json(path: str, payload: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
@@ -284,6 +329,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     precision = resolve_precision(
         config.training.precision, cuda=cuda, bf16_supported=cuda and torch.cuda.is_bf16_supported()
     )
+    if config.training.sharding == "fsdp" and not cuda:
+        sharding.enable_on_cpu()
     args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
     _ = args.device  # forms the process group (torchrun env) now, so the rendezvous time is measurable
     rendezvous_s = time.time() - launch_time
@@ -336,7 +383,9 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
 
     phases["data_seconds"] = time.time() - launch_time - sum(phases.values())
-    model = load_model(config, backend, tokenizer, labels, device=f"cuda:{ident.local_rank}" if cuda else None)
+    model = load_model(
+        config, backend, tokenizer, labels, device=f"cuda:{ident.local_rank}" if cuda else None, precision=precision
+    )
     params = sum(p.numel() for p in model.parameters())
     phases["model_seconds"] = time.time() - launch_time - sum(phases.values())
     if weigh:
@@ -414,7 +463,12 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     state = trainer.state
     losses = [(h["step"], h["loss"]) for h in state.log_history if "loss" in h]
 
-    checksum = params_checksum(trainer.model)
+    fsdp = config.training.sharding == "fsdp"
+    # FSDP: every rank holds a shard; the full weights are gathered once (a collective), for the checksum and the
+    # final model. A run stopped by SIGTERM keeps only its sharded checkpoint.
+    full_state = sharding.full_state_dict(trainer.model, keep=ident.rank == 0) if fsdp and not stop.agreed else None
+    # DDP: every rank's replica, equal when DDP kept them in sync; FSDP: the gathered weights, on rank 0 only
+    checksum = params_checksum(trainer.model) if not fsdp else state_checksum(full_state) if full_state else None
     final_loss = losses[-1][1] if losses else output.training_loss
     _write_json(
         os.path.join(config.output_path, "ranks", f"rank-{ident.rank}.json"),
@@ -431,7 +485,16 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         log.warning("stopped on SIGTERM at step %d after saving a checkpoint", state.global_step)
         return EXIT_TERMINATED
 
-    trainer.save_model(config.model_dir)  # rank 0 writes; tokenizer files go with it
+    model_result = save_final_model(
+        config,
+        trainer,
+        tokenizer=tokenizer,
+        ident=ident,
+        full_state=full_state,
+        backend=backend,
+        labels=labels,
+        precision=precision,
+    )
     if ident.rank == 0:
         resumed_from = resume.step if resume else 0
         steps_run = state.global_step - resumed_from
@@ -466,6 +529,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                 "attempt": ident.attempt,
                 "params": params,
                 "params_sha256": checksum,
+                "sharding": config.training.sharding,
+                "model": model_result,
                 # Every evaluation ({"step", "loss", and perplexity, or accuracy and f1}) and the final model's.
                 "eval_history": metrics_cb.eval_history,
                 "final_eval": metrics_cb.eval_history[-1] if metrics_cb.eval_history else None,
