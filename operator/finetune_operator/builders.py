@@ -160,15 +160,44 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "extraArgs": _with_ddp_timeout(t.extra_args, spec.active_deadline_seconds),
             "lora": None if t.lora is None else {
                 "r": t.lora.r, "alpha": t.lora.alpha if t.lora.alpha is not None else 2 * t.lora.r,
-                "dropout": t.lora.dropout, "targetModules": list(t.lora.target_modules)},
+                "dropout": t.lora.dropout, "targetModules": list(t.lora.target_modules),
+                "quantization": t.lora.quantization, "merge": t.lora.merge},
             "packing": t.packing, "lossOn": t.loss_on,
+            "sharding": t.sharding, "activationCheckpointing": t.activation_checkpointing,
         },
         "acceleration": spec.acceleration,
-        "output": {"path": output_path(ref, spec)},
+        "output": _output_config(ref, spec),
         "metrics": {"port": METRICS_PORT},
         "preflight": {"timeoutSeconds": spec.rendezvous_timeout_seconds},
         **({"cache": {"path": hf_home(spec)}} if spec.cache else {}),  # optional (config 1.x minor addition)
     }
+
+
+def _output_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"path": output_path(ref, spec)}
+    hub, s3 = spec.output.push_to_hub, spec.output.s3
+    if hub:
+        out["pushToHub"] = {"repo": hub.repo, "private": hub.private, "endpoint": hub.endpoint}
+    if s3:
+        out["s3"] = {"uri": s3.uri, "endpoint": s3.endpoint, "region": s3.region}
+    return out
+
+
+def export_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """Export credentials, by Secret reference only (the operator never reads them)."""
+    env: list[dict[str, Any]] = []
+    hub, s3 = spec.output.push_to_hub, spec.output.s3
+    if hub and hub.secret:
+        env.append({"name": "FINETUNE_HUB_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": hub.secret.name, "key": hub.secret.key}}})
+    if s3 and s3.secret_name:
+        for key, optional in (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False),
+                              ("AWS_SESSION_TOKEN", True)):
+            ref: dict[str, Any] = {"name": s3.secret_name, "key": key}
+            if optional:
+                ref["optional"] = True
+            env.append({"name": key, "valueFrom": {"secretKeyRef": ref}})
+    return env
 
 
 def _with_ddp_timeout(extra: dict[str, Any], deadline: int | None) -> dict[str, Any]:
@@ -236,6 +265,7 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     if spec.hf_token:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token.name, "key": spec.hf_token.key}}})
+    env.extend(export_env(spec))
 
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},

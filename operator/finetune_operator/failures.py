@@ -7,7 +7,12 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from finetune_operator.settings import EXIT_CONFIG_ERROR, EXIT_RENDEZVOUS_TIMEOUT, EXIT_TERMINATED
+from finetune_operator.settings import (
+    EXIT_CONFIG_ERROR,
+    EXIT_EXPORT_FAILED,
+    EXIT_RENDEZVOUS_TIMEOUT,
+    EXIT_TERMINATED,
+)
 
 CONTAINER = "trainer"
 FATAL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
@@ -98,6 +103,10 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
     if code == EXIT_CONFIG_ERROR:
         return Failure("ConfigError", detail or "the trainer rejected its configuration (exit 78)",
                        permanent=True, exit_code=code, finished_at=finished)
+    if code == EXIT_EXPORT_FAILED:
+        # Training finished and the model is on the claim; a gang restart would not fix a destination.
+        return Failure("ExportFailed", detail or "training succeeded but pushing the model out failed (exit 74); "
+                       "the model is on the output volume", permanent=True, exit_code=code, finished_at=finished)
     if code == EXIT_RENDEZVOUS_TIMEOUT:
         return Failure("RendezvousTimeout", detail or "the rank could not reach rank 0 (exit 75)",
                        permanent=True, exit_code=code, finished_at=finished)

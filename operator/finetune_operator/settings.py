@@ -21,12 +21,13 @@ METRICS_PORT = 9400
 CONFIG_DIR = "/etc/finetune"
 CONFIG_FILE = "config.json"
 OUTPUT_MOUNT = "/output"
-CONFIG_VERSION = "1.2"
+CONFIG_VERSION = "1.3"
 
 # Trainer exit codes (trainer-image/README.md): the operator classifies failures on them.
 EXIT_CONFIG_ERROR = 78
 EXIT_RENDEZVOUS_TIMEOUT = 75
 EXIT_TERMINATED = 143  # SIGTERM: checkpoint saved, restartable
+EXIT_EXPORT_FAILED = 74  # trained, but pushing the model out failed; the model is on the claim
 
 
 def _int(name: str, default: int) -> int:

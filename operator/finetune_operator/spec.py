@@ -98,6 +98,8 @@ class Lora:
     alpha: int | None = None
     dropout: float = 0.05
     target_modules: tuple[str, ...] = ()
+    quantization: str | None = None  # "4bit": QLoRA (GPU only)
+    merge: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,30 @@ class Training:
     lora: Lora | None = None
     packing: bool = False
     loss_on: str = "completion"
+    sharding: str = "none"  # "fsdp"
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str = "token"
+
+
+@dataclass(frozen=True)
+class HubPush:
+    repo: str
+    private: bool = True
+    endpoint: str | None = None
+    secret: SecretKeyRef | None = None  # the write token; None: spec.hfTokenSecretRef
+
+
+@dataclass(frozen=True)
+class S3Export:
+    uri: str
+    endpoint: str | None = None
+    region: str | None = None
+    secret_name: str | None = None  # holds AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; None: the pod's own role
 
 
 @dataclass(frozen=True)
@@ -125,6 +151,8 @@ class Output:
     path: str | None = None
     template: dict[str, Any] | None = None  # volumeClaimTemplate (metadata + spec), when the operator creates it
     reclaim_policy: str = "Delete"  # Delete: the claim is owned by the job; Retain: it outlives the job
+    push_to_hub: HubPush | None = None
+    s3: S3Export | None = None
 
 
 @dataclass(frozen=True)
@@ -136,12 +164,6 @@ class Cache:
 class Network:
     host_network: bool = False  # needs a namespace that enforces the privileged Pod Security level
     rdma: bool = False  # adds the IPC_LOCK capability (pinned memory); RDMA devices come from spec.resources
-
-
-@dataclass(frozen=True)
-class SecretKeyRef:
-    name: str
-    key: str = "token"
 
 
 @dataclass(frozen=True)
@@ -279,8 +301,16 @@ def _parse_output(out: dict[str, Any], nodes: int) -> Output:
             raise SpecError("spec.output.volumeClaimTemplate.spec.resources.requests.storage",
                             "is required: the size of the claim, for example 100Gi")
         _check_quantity("spec.output.volumeClaimTemplate.spec.resources.requests.storage", storage)
+    hub, s3 = out.get("pushToHub"), out.get("s3")
+    hub_secret = (hub or {}).get("secretRef")
     return Output(claim_name=claim, path=out.get("path"), template=template,
-                  reclaim_policy=_get(out, "reclaimPolicy", "Delete"))
+                  reclaim_policy=_get(out, "reclaimPolicy", "Delete"),
+                  push_to_hub=HubPush(repo=hub["repo"], private=bool(_get(hub, "private", True)),
+                                      endpoint=hub.get("endpoint"),
+                                      secret=SecretKeyRef(hub_secret["name"], _get(hub_secret, "key", "token"))
+                                      if hub_secret else None) if hub else None,
+                  s3=S3Export(uri=s3["uri"], endpoint=s3.get("endpoint"), region=s3.get("region"),
+                              secret_name=(s3.get("secretRef") or {}).get("name")) if s3 else None)
 
 
 def parse_spec(spec: dict[str, Any]) -> JobSpec:
@@ -308,7 +338,8 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     lora = None
     if lora_d is not None:
         lora = Lora(r=int(lora_d["r"]), alpha=lora_d.get("alpha"), dropout=float(_get(lora_d, "dropout", 0.05)),
-                    target_modules=tuple(_get(lora_d, "targetModules", ())))
+                    target_modules=tuple(_get(lora_d, "targetModules", ())), quantization=lora_d.get("quantization"),
+                    merge=bool(_get(lora_d, "merge", False)))
     training = Training(
         epochs=t.get("epochs"), max_steps=t.get("maxSteps"),
         per_device_batch_size=int(_get(t, "perDeviceBatchSize", 8)),
@@ -321,6 +352,7 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         evaluation=Evaluation(strategy=_get(ev, "strategy", "no"), every_steps=ev.get("everySteps")),
         extra_args=dict(_get(t, "extraArgs", {})), lora=lora,
         packing=bool(_get(t, "packing", False)), loss_on=_get(t, "lossOn", "completion"),
+        sharding=_get(t, "sharding", "none"), activation_checkpointing=bool(_get(t, "activationCheckpointing", False)),
     )
     task = _get(spec, "task", "sequence-classification")
     for key, value in (("messagesField", dataset.messages_field), ("promptField", dataset.prompt_field)):
@@ -369,12 +401,31 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
 
     nodes = int(_get(spec, "nodes", 1))
     output = _parse_output(spec["output"], nodes)
+    acceleration = _get(spec, "acceleration", "auto")
+    if lora is not None and lora.quantization:
+        if not gpus:
+            raise SpecError("spec.training.lora.quantization", "QLoRA (4-bit base through bitsandbytes) trains on "
+                            "GPUs only; request them in spec.resources.limits (nvidia.com/gpu) or remove the "
+                            "quantization to train plain LoRA")
+        if model.init_from_config:
+            raise SpecError("spec.training.lora.quantization", "QLoRA quantizes pretrained weights as they load; "
+                            "spec.model.initFromConfig has none. Point spec.model at saved weights")
+        if training.sharding == "fsdp":
+            raise SpecError("spec.training.sharding", "QLoRA and FSDP do not combine; drop one of them")
+    for feature, field_path in (("QLoRA", "spec.training.lora.quantization"), ("FSDP", "spec.training.sharding")):
+        used = (lora is not None and lora.quantization) if feature == "QLoRA" else training.sharding == "fsdp"
+        if used and acceleration == "ort":
+            raise SpecError(field_path, f"{feature} is not available with acceleration ort (ORTTrainer); set "
+                            "spec.acceleration to auto, none or compile")
+    tok = spec.get("hfTokenSecretRef")
+    if output.push_to_hub and output.push_to_hub.secret is None and not tok:
+        raise SpecError("spec.output.pushToHub.secretRef", "pushing to the Hub needs a token with write access: "
+                        "name a Secret key holding one (or set spec.hfTokenSecretRef)")
     cache_d = spec.get("cache")
     if cache_d is not None and not cache_d.get("claimName"):
         raise SpecError("spec.cache.claimName", "is required: a ReadWriteMany claim for the shared Hugging Face cache")
     cache = Cache(claim_name=cache_d["claimName"]) if cache_d is not None else None
     net = _get(spec, "network", {})
-    tok = spec.get("hfTokenSecretRef")
     pt = _get(spec, "podTemplate", {})
     volumes = []
     for i, v in enumerate(_get(pt, "volumes", ())):
@@ -407,7 +458,7 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     return JobSpec(
         model=model, dataset=dataset, output=output,
         task=_get(spec, "task", "sequence-classification"), training=training,
-        acceleration=_get(spec, "acceleration", "auto"), nodes=nodes, procs_per_node=int(procs),
+        acceleration=acceleration, nodes=nodes, procs_per_node=int(procs),
         gpus_per_node=gpus, mig=mig, resources=resources, image=spec.get("image"),
         image_pull_policy=spec.get("imagePullPolicy"), env=env,
         hf_token=SecretKeyRef(name=tok["name"], key=_get(tok, "key", "token")) if tok else None,

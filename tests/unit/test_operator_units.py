@@ -74,8 +74,16 @@ def test_parser_defaults_agree_with_the_crd(crd_path, attr) -> None:  # type: ig
      "spec.podTemplate.volumes[0].mountPath"),
     (base_spec(podTemplate={"volumes": [{"name": "output", "mountPath": "/data", "emptyDir": {}}]}),
      "spec.podTemplate.volumes"),
+    (base_spec(task="causal-lm", training={"lora": {"r": 4, "quantization": "4bit"}}),
+     "spec.training.lora.quantization"),
+    (base_spec(task="causal-lm", resources={"limits": {"nvidia.com/gpu": 1}},
+               model={"name": "m", "initFromConfig": True}, training={"lora": {"r": 4, "quantization": "4bit"}}),
+     "spec.training.lora.quantization"),
+    (base_spec(task="causal-lm", acceleration="ort", training={"sharding": "fsdp"}), "spec.training.sharding"),
+    (base_spec(output={"claimName": "o", "pushToHub": {"repo": "a/b"}}), "spec.output.pushToHub.secretRef"),
 ], ids=["model-both", "dataset-none", "epochs-and-steps", "managed-arg", "procs-vs-gpus", "reserved-env",
-        "mount-overlap", "volume-name-clash"])
+        "mount-overlap", "volume-name-clash", "qlora-without-gpus", "qlora-random-init", "fsdp-on-ort",
+        "push-without-token"])
 def test_semantic_errors_name_the_field(spec, field) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SpecError) as e:
         parse_spec(spec)
@@ -117,7 +125,31 @@ def test_trainer_config_resolves_output_and_lora_alpha() -> None:
     spec = parse_spec(base_spec(training={"maxSteps": 5, "lora": {"r": 4}}))
     cfg = trainer_config(REF, spec)
     assert cfg["output"] == {"path": "/output/ns/ft"}
-    assert cfg["training"]["lora"] == {"r": 4, "alpha": 8, "dropout": 0.05, "targetModules": []}
+    assert cfg["training"]["lora"] == {"r": 4, "alpha": 8, "dropout": 0.05, "targetModules": [],
+                                       "quantization": None, "merge": False}
+
+
+def test_exports_reach_the_trainer_config_and_credentials_only_by_reference() -> None:
+    spec = parse_spec(base_spec(
+        task="causal-lm", resources={"limits": {"nvidia.com/gpu": 1}},
+        training={"maxSteps": 5, "lora": {"r": 8, "quantization": "4bit", "merge": True}, "sharding": "none",
+                  "activationCheckpointing": True},
+        output={"claimName": "o", "pushToHub": {"repo": "acme/m", "secretRef": {"name": "hub", "key": "write"}},
+                "s3": {"uri": "s3://bucket/runs", "endpoint": "http://minio:9000", "secretRef": {"name": "s3"}}}))
+    cfg = trainer_config(REF, spec)
+    assert cfg["output"] == {"path": "/output/ns/ft",
+                             "pushToHub": {"repo": "acme/m", "private": True, "endpoint": None},
+                             "s3": {"uri": "s3://bucket/runs", "endpoint": "http://minio:9000", "region": None}}
+    assert cfg["training"]["lora"]["quantization"] == "4bit" and cfg["training"]["lora"]["merge"] is True
+    assert cfg["training"]["activationCheckpointing"] is True and cfg["training"]["sharding"] == "none"
+    env = build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e and "secretKeyRef" in
+            e["valueFrom"]}
+    assert refs == {"FINETUNE_HUB_TOKEN": {"name": "hub", "key": "write"},
+                    "AWS_ACCESS_KEY_ID": {"name": "s3", "key": "AWS_ACCESS_KEY_ID"},
+                    "AWS_SECRET_ACCESS_KEY": {"name": "s3", "key": "AWS_SECRET_ACCESS_KEY"},
+                    "AWS_SESSION_TOKEN": {"name": "s3", "key": "AWS_SESSION_TOKEN", "optional": True}}
+    assert not any("value" in e and e["name"].startswith(("AWS_", "FINETUNE_HUB")) for e in env)
 
 
 # -- failures ---------------------------------------------------------------------------------------------
@@ -147,12 +179,14 @@ def pod(phase: str, *, code: int | None = None, reason: str | None = None, messa
      False, True),
     (pod("Failed", code=75), "RendezvousTimeout", False, True),
     (pod("Failed", code=1), "TrainingError", False, False),
+    (pod("Failed", code=74, message='{"reason":"ExportFailed","message":"push to the Hub repo"}'), "ExportFailed",
+     False, True),
     (pod("Failed", code=143), "Terminated", True, False),
     (pod("Failed", pod_reason="Evicted"), "Evicted", True, False),
     (pod("Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
      "Preempted", True, False),
     (pod("Running", deleting=True), "PodDeleted", True, False),
-], ids=["oom", "config", "rendezvous", "crash", "sigterm", "evicted", "preempted", "deleted"])
+], ids=["oom", "config", "rendezvous", "crash", "export", "sigterm", "evicted", "preempted", "deleted"])
 def test_classify(p, reason, disruption, permanent) -> None:  # type: ignore[no-untyped-def]
     f = classify_pod(p)
     assert f is not None and (f.reason, f.disruption, f.permanent) == (reason, disruption, permanent)
