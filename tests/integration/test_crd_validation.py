@@ -54,6 +54,15 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("eval-steps-without-every", make_job("x").set("training.evaluation", {"strategy": "steps"}).build(),
      "spec.training.evaluation"),
     ("unknown-field", make_job("x").set("gpus", 8).build(), "spec.gpus"),
+    ("push-without-token", make_job("x").set("output", {"claimName": "o", "pushToHub": {"repo": "a/b"}}).build(),
+     "spec.output.pushToHub"),
+    ("hub-repo-without-owner", make_job("x").set("output", {"claimName": "o", "pushToHub": {
+        "repo": "model", "secretRef": {"name": "hub"}}}).build(), "spec.output.pushToHub.repo"),
+    ("s3-uri-not-s3", make_job("x").set("output", {"claimName": "o", "s3": {"uri": "https://bucket/x"}}).build(),
+     "spec.output.s3.uri"),
+    ("qlora-without-gpus", make_job("x").set("training.lora", {"r": 8, "quantization": "4bit"}).build(),
+     "spec.training.lora.quantization"),
+    ("sharding-unknown", make_job("x").set("training.sharding", "zero3").build(), "spec.training.sharding"),
 ]
 
 
