@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def training_args(activation_checkpointing: bool) -> dict[str, Any]:
-    """The ``TrainingArguments`` keywords that turn FSDP on."""
+def training_args(activation_checkpointing: bool, *, pretrained: bool) -> dict[str, Any]:
+    """The ``TrainingArguments`` keywords that turn FSDP on. ``pretrained``: only rank 0 reads the weights from
+    disk, the others build the model on the meta device and receive their shards (a 70B model would otherwise be
+    read into CPU memory once per process)."""
     return {
         "fsdp": "full_shard auto_wrap",
         "fsdp_config": {
@@ -24,6 +26,7 @@ def training_args(activation_checkpointing: bool) -> dict[str, Any]:
             # FSDP's own activation checkpointing (per wrapped block), not the Trainer's, which would add an
             # all-gather to every backward pass
             "activation_checkpointing": activation_checkpointing,
+            "cpu_ram_efficient_loading": pretrained,
         },
     }
 

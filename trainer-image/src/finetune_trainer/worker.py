@@ -121,7 +121,7 @@ def build_training_args(config: Config, backend: accel.Backend, ident: Identity,
     }
     kwargs.update(sft)
     if t.sharding == "fsdp":
-        kwargs.update(sharding.training_args(t.activation_checkpointing))
+        kwargs.update(sharding.training_args(t.activation_checkpointing, pretrained=not config.model.init_from_config))
     elif t.activation_checkpointing:
         name = "activation_checkpointing" if "activation_checkpointing" in known else "gradient_checkpointing"
         kwargs[name] = True
