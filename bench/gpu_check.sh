@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check in one script: on a machine with one NVIDIA GPU and the default trainer stack's packages (torch,
-# transformers, accelerate, datasets, peft, prometheus-client, jsonschema, pyyaml), from the repository root:
+# transformers, accelerate, datasets, peft, trl, bitsandbytes, prometheus-client, jsonschema, pyyaml), from the
+# repository root:
 #
 #   bash bench/gpu_check.sh                  # ~4-5 minutes on an H100/H200-class GPU
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh
@@ -12,6 +13,10 @@
 # 2. bench/trainer_throughput.py (one process per model, a GPU warm-up before the first timed path): BERT-base
 #    seq 128 batch 64 (eager with SDPA, eager attention, compile), batch 256 (eager, compile), and the decoder
 #    (eager, compile).
+# 3. LLM fine-tuning paths on the same decoder, saved to disk first (QLoRA quantizes pretrained weights): LoRA
+#    (all-linear, merged at the end), QLoRA (4-bit base through bitsandbytes; on a CPU it must be refused, exit 78)
+#    and FSDP, each through `finetune run-local`: loss, tokens/s and peak GPU memory from result.json, and whether
+#    the checkpoint was sharded.
 # Everything lands in $OUT (default /tmp/gpu-check): logs, result.json, the scrapes, one JSON per bench and
 # summary.log. Exit status: non-zero when a step fails or the MFU gauge is NaN on the GPU.
 set -euo pipefail
@@ -31,7 +36,7 @@ if [[ $DEVICE == cuda ]]; then
   bert=(--hidden 768 --layers 12) bert_steps=(--steps 20 --warmup 3) llm=(--hidden 2048 --layers 16 --seq 512)
   big_batch=256 llm_batch=16
 else
-  hidden=128 layers=2 seq=64 batch=4 steps=40 rows=400
+  hidden=128 layers=2 seq=64 batch=4 steps=300 rows=400
   bert=(--hidden 64 --layers 2) bert_steps=(--steps 3 --warmup 1) llm=(--hidden 128 --layers 2 --seq 64)
   big_batch=8 llm_batch=4
 fi
@@ -138,4 +143,59 @@ bench() {
 bench bert-b64 "${bert[@]}" "${bert_steps[@]}" --seq 128 --batch 64 --paths eager,eager-attention,compile
 bench bert-b256 "${bert[@]}" "${bert_steps[@]}" --seq 128 --batch "$big_batch" --paths eager,compile
 bench llama "${llm[@]}" "${bert_steps[@]}" --model llama --batch "$llm_batch" --paths eager,compile
+# --- 3. LoRA, QLoRA, FSDP ---------------------------------------------------------------------------------------------
+"$PY" - "$work" <<'PY'
+import sys
+from pathlib import Path
+import torch, transformers
+work = Path(sys.argv[1])
+cfg = transformers.AutoConfig.from_pretrained(work / "model")
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+model.save_pretrained(work / "saved")
+transformers.AutoTokenizer.from_pretrained(work / "model").save_pretrained(work / "saved")
+PY
+llm_job() {  # name, extra training settings (YAML flow style)
+  local name=$1 extra=$2 rc=0
+  cat > "$work/job-$name.yaml" <<EOF
+apiVersion: finetune.dev/v1alpha1
+kind: FineTuneJob
+metadata:
+  name: gpu-check-$name
+  annotations:
+    finetune.dev/run-local-mounts: "/workspace=."
+spec:
+  task: causal-lm
+  model: {path: /workspace/saved}
+  dataset: {path: /workspace/data, textField: text}
+  training: {maxSteps: $(( steps / 3 )), perDeviceBatchSize: $batch, learningRate: 0.0002, maxSeqLength: $seq,
+             checkpointEverySteps: $(( steps / 3 )), extraArgs: {logging_steps: 5}, $extra}
+  acceleration: auto
+  nodes: 1
+  output: {claimName: output}
+EOF
+  log "run-local $name: $extra"
+  "$PY" -m finetune_operator.cli run-local "$work/job-$name.yaml" --workdir "$work/out-$name" \
+    > "$work/run-local-$name.log" 2>&1 || rc=$?
+  "$PY" - "$work/out-$name" "$name" "$rc" "$DEVICE" <<'PY' | tee -a "$OUT/summary.log"
+import json, sys
+from pathlib import Path
+out, name, rc, device = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if name == "qlora" and device != "cuda":
+    print(f"{name}: exit {rc} on CPU (expected 78: refused before training)")
+    sys.exit(0 if rc == 78 else 1)
+if rc != 0:
+    sys.exit(f"{name}: run-local failed with exit {rc}; see run-local-{name}.log")
+r = json.loads(next(out.rglob("result.json")).read_text())
+ckpts = sorted(out.rglob("checkpoint-*"))
+sharded = bool(ckpts) and (ckpts[-1] / "pytorch_model_fsdp_0").is_dir()
+adapter = (r.get("model") or {}).get("adapter") or {}
+print(f"{name}: {r['steps']} steps, loss {r['loss_history'][0][1]:.3f} -> {r['final_loss']:.3f}, "
+      f"{(r['tokens_per_second'] or 0):,.0f} tokens/s, peak GPU memory {r.get('gpu_memory_peak_gib')} GiB, "
+      f"adapter {adapter.get('method')}, merged {r['model']['merged']}, sharded checkpoint {sharded}")
+PY
+}
+llm_job lora "lora: {r: 16, alpha: 32, targetModules: [all-linear], merge: true}"
+llm_job qlora "lora: {r: 16, alpha: 32, targetModules: [all-linear], quantization: 4bit}, activationCheckpointing: true"
+llm_job fsdp "sharding: fsdp, activationCheckpointing: true"
 log "done in $(( $(date +%s) - start ))s; summary: $OUT/summary.log"

@@ -530,6 +530,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                 "params": params,
                 "params_sha256": checksum,
                 "sharding": config.training.sharding,
+                # the peak of rank 0's GPU; null on CPU
+                "gpu_memory_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
                 "model": model_result,
                 # Every evaluation ({"step", "loss", and perplexity, or accuracy and f1}) and the final model's.
                 "eval_history": metrics_cb.eval_history,
