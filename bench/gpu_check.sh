@@ -3,7 +3,7 @@
 # transformers, accelerate, datasets, peft, trl, bitsandbytes, prometheus-client, jsonschema, pyyaml), from the
 # repository root:
 #
-#   bash bench/gpu_check.sh                  # ~4-5 minutes on an H100/H200-class GPU
+#   bash bench/gpu_check.sh                  # ~5-7 minutes on an H100/H200-class GPU (estimate)
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh
 #   GPU_CHECK_DEVICE=cpu bash bench/gpu_check.sh   # the same steps at toy sizes on a CPU (checks the script itself)
 #
