@@ -26,7 +26,10 @@ TIMEOUT = (5, 30)  # connect, read: a half-open connection must not hold a job's
 
 
 def _release(resp: Any) -> None:
-    """Return the connection of a response we do not read to the pool."""
+    """Return the connection of a response we do not read to the pool, its body read and discarded first: a
+    connection put back with the body unread hands that body to the next request on it as its status line
+    (BadStatusLine, a retry on a new connection, answers of 504 and 409 under load)."""
+    resp.drain_conn()
     resp.release_conn()
 
 

@@ -1,0 +1,35 @@
+"""The operator's one API module (``finetune_operator.k8s``) against the real kube-apiserver: requests whose answer
+the operator does not read must still leave their connection reusable."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from kubernetes import config
+
+from finetune_operator.k8s import Kube
+
+pytestmark = pytest.mark.integration
+
+
+def _connections(api: object) -> int:
+    """New TCP connections the client's urllib3 pools have opened so far."""
+    pools = api.rest_client.pool_manager.pools  # type: ignore[attr-defined]
+    return sum(pools[key].num_connections for key in pools.keys())
+
+
+def test_unread_answers_do_not_churn_connections(cluster, namespace, caplog) -> None:  # type: ignore[no-untyped-def]
+    """30 writes whose bodies the operator ignores (ConfigMap creates), one at a time: every request reuses the
+    first connection. A connection returned to the pool with its body unread makes the next
+    request on it read that body as a status line, fail (BadStatusLine) and retry on a new connection."""
+    kube = Kube(config.new_client_from_config(config_file=cluster.kubeconfig))
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    for i in range(30):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"c{i}", "namespace": namespace},
+              "data": {"payload": "x" * 200_000}}
+        assert kube.create(cm) is True
+    retries = [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()]
+    assert retries == [], retries
+    assert _connections(kube.api) == 1
+    assert kube.requests["create"] == 30
