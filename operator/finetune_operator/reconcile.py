@@ -33,7 +33,6 @@ PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restar
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)
 QUOTA_RETRY_SECONDS = 30.0  # a job waiting for quota or a namespace limit tries again this often
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "InvalidSpec")
 
 
 @dataclass(frozen=True)

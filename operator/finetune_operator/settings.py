@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 GROUP = "finetune.dev"
 VERSION = "v1alpha1"
@@ -57,7 +57,6 @@ class Settings:
     health_port: int = 8081
     run_as_user: int = 1000
     fs_group: int = 1000
-    extra_labels: dict[str, str] = field(default_factory=dict)
     # Tenant guardrails (empty / 0: no limit).
     allowed_image_prefixes: tuple[str, ...] = ()
     allowed_priority_classes: tuple[str, ...] = ()

@@ -46,6 +46,18 @@ MANAGED_TRAINING_ARGS = {
     "evaluation_strategy": "spec.training.evaluation.strategy",
     "eval_steps": "spec.training.evaluation.everySteps",
     "resume_from_checkpoint": "(automatic: the newest complete checkpoint)",
+    "overwrite_output_dir": "spec.output",
+    "save_strategy": "spec.training.checkpointEverySteps",
+    "local_rank": "(set by torchrun)",
+    "ddp_backend": "(nccl on GPUs, gloo on CPU)",
+    "fsdp": "spec.training.sharding",
+    "fsdp_config": "spec.training.sharding",
+    "gradient_checkpointing": "spec.training.activationCheckpointing",
+    "activation_checkpointing": "spec.training.activationCheckpointing",
+    "push_to_hub": "spec.output.pushToHub",
+    "hub_model_id": "spec.output.pushToHub.repo",
+    "hub_private_repo": "spec.output.pushToHub.private",
+    "hub_token": "spec.output.pushToHub.secretRef",
 }
 RESERVED_MOUNTS = ("/etc/finetune", "/output", "/dev/shm", "/tmp")
 CACHE_MOUNT = "/cache"  # the shared Hugging Face cache (spec.cache), when set

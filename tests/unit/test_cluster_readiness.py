@@ -13,6 +13,8 @@ from finetune_operator.reconcile import decide, ts
 from finetune_operator.settings import Settings
 from finetune_operator.spec import SpecError, parse_spec
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 REF = JobRef(name="ft", namespace="ns", uid="uid-1")
 TEMPLATE = {"spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs",

@@ -23,3 +23,23 @@ def test_ruff() -> None:
 def test_mypy_strict() -> None:
     proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+TIERS = ("unit", "integration", "trainer", "ort", "chart", "e2e")
+
+
+def test_every_test_file_names_its_tier() -> None:
+    """A test module without ``pytestmark = pytest.mark.<tier>`` is silently skipped by `make test-<tier>`."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        marks = [
+            ast.unparse(node.value)
+            for node in tree.body
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
+        ]
+        if not any(f"pytest.mark.{tier}" in mark for mark in marks for tier in TIERS):
+            missing.append(str(path.relative_to(ROOT)))
+    assert missing == [], f"add pytestmark = pytest.mark.<{'|'.join(TIERS)}> to: {missing}"

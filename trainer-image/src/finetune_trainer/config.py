@@ -48,7 +48,16 @@ MANAGED_TRAINING_ARGS = frozenset(
         "bf16",
         "fp16",
         "torch_compile",
+        "eval_strategy",
+        "evaluation_strategy",
+        "eval_steps",
+        "fsdp",
+        "fsdp_config",
+        "gradient_checkpointing",
+        "activation_checkpointing",
         "push_to_hub",
+        "hub_model_id",
+        "hub_private_repo",
         "hub_token",
     }
 )
