@@ -9,6 +9,7 @@ from typing import Any
 
 from finetune_operator.settings import (
     EXIT_CONFIG_ERROR,
+    EXIT_CUDA_OOM,
     EXIT_EXPORT_FAILED,
     EXIT_RENDEZVOUS_TIMEOUT,
     EXIT_TERMINATED,
@@ -108,8 +109,14 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
         return Failure("ExportFailed", detail or "training succeeded but pushing the model out failed (exit 74); "
                        "the model is on the output volume", permanent=True, exit_code=code, finished_at=finished)
     if code == EXIT_RENDEZVOUS_TIMEOUT:
+        # A peer that was still Pending (autoscaler, a large image pull) is not a broken job: a gang restart,
+        # counted against maxRestarts like any other.
         return Failure("RendezvousTimeout", detail or "the rank could not reach rank 0 (exit 75)",
-                       permanent=True, exit_code=code, finished_at=finished)
+                       exit_code=code, finished_at=finished)
+    if code == EXIT_CUDA_OOM:
+        # Deterministic for a given batch size and model: another attempt would fail the same way.
+        return Failure("CUDAOutOfMemory", detail or "the GPU ran out of memory (exit 77)", permanent=True,
+                       exit_code=code, finished_at=finished)
     if code == EXIT_TERMINATED:
         # The trainer got SIGTERM from outside the operator, saved a checkpoint and stopped: restart the gang
         # without counting it (bounded by the operator's disruption limit).

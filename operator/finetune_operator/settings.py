@@ -27,6 +27,7 @@ CONFIG_VERSION = "1.3"
 EXIT_CONFIG_ERROR = 78
 EXIT_RENDEZVOUS_TIMEOUT = 75
 EXIT_TERMINATED = 143  # SIGTERM: checkpoint saved, restartable
+EXIT_CUDA_OOM = 77  # the GPU ran out of memory: the same settings would again
 EXIT_EXPORT_FAILED = 74  # trained, but pushing the model out failed; the model is on the claim
 
 

@@ -277,6 +277,38 @@ def test_unreachable_master_exits_75(tmp_path: Path) -> None:
     assert node.wait(120) == 75, node.log()
     term = node.termination()
     assert term["reason"] == "RendezvousTimeout" and "127.0.0.1:" in term["message"]
+    assert "spec.rendezvousTimeoutSeconds" in term["message"], term
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "words"),
+    [
+        ("unknown-model-type", "model", ["not-a-model", "newer trainer image"]),
+        ("report-to-missing-package", "training.extraArgs.report_to", ["'wandb'", "lacks"]),
+        ("hub-repo-offline", "model.name", ["org/does-not-exist", "HF_HUB_OFFLINE=1"]),
+    ],
+)
+def test_failures_a_restart_would_repeat_exit_78(tmp_path: Path, case: str, field: str, words: list[str]) -> None:
+    """Found only once the worker runs (model load, Trainer set-up), yet deterministic: exit 78 naming the field,
+    not exit 1 and a gang restart."""
+    over: dict = {"training": {"maxSteps": 5}}
+    if case == "unknown-model-type":
+        model = tmp_path / "model"
+        shutil.copytree(TINY / "gpt2", model)
+        cfg = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**cfg, "model_type": "not-a-model"}))
+        over["model"] = {"path": str(model)}
+    elif case == "report-to-missing-package":
+        over["training"]["extraArgs"] = {"report_to": ["wandb"]}
+    else:
+        over["model"] = {"path": None, "name": "org/does-not-exist", "initFromConfig": False}
+    node = Node(tmp_path, tiny_config(tmp_path / "out", example="causal-lm", acceleration="none", **over))
+    assert node.wait(RUN_TIMEOUT) == 78, node.log()
+    term = node.termination()
+    assert term is not None and term["reason"] == "ConfigError", term
+    assert term["message"].startswith(field), term
+    for word in words:
+        assert word in term["message"], term
 
 
 def test_worker_config_error_travels_through_error_file(tmp_path: Path) -> None:

@@ -429,3 +429,51 @@ def test_error_file_and_termination_log(tmp_path: Path) -> None:
     payload = json.loads(log.read_text())
     assert payload["reason"] == "TrainingError" and len(payload["message"]) <= 3000
     write_termination_log("TrainingError", "ignored", str(tmp_path / "no" / "such" / "dir"))  # silently skipped
+
+
+# -- failures another attempt would repeat -------------------------------------------------------------------------
+
+
+def test_cuda_oom_is_its_own_failure_with_the_fix() -> None:
+    import torch
+    from finetune_trainer.diagnose import classify
+    from finetune_trainer.errors import CUDAOutOfMemory
+
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has 79 GiB")
+        except torch.OutOfMemoryError as inner:
+            raise RuntimeError("step failed") from inner  # wrapped, as Accelerate and DDP do
+    except RuntimeError as e:
+        mapped = classify(e)
+    assert isinstance(mapped, CUDAOutOfMemory)
+    assert "Tried to allocate 2.00 GiB" in str(mapped) and "perDeviceBatchSize" in str(mapped)
+    assert "sharding: fsdp" in str(mapped)
+    code, text = classify_failure(f"CUDAOutOfMemory: {mapped}")
+    assert code == 77 and text.startswith("the GPU ran out of memory")
+
+
+def test_hub_refusals_name_the_model_or_the_dataset(tmp_path: Path) -> None:
+    from finetune_trainer.diagnose import classify
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    import httpx2 as httpx  # huggingface_hub's HTTP client
+
+    def response(code: int) -> httpx.Response:
+        return httpx.Response(code, request=httpx.Request("GET", "https://huggingface.co/api/x"))
+
+    config = parse_config(tiny_config(tmp_path, example="causal-lm", dataset={"path": None, "name": "org/data"}))
+    for exc, field in ((RepositoryNotFoundError("404 for org/data", response=response(404)), "dataset.name"),
+                       (GatedRepoError("403: meta-llama/Llama-3.1-8B is gated", response=response(403)), "model.name")):
+        try:
+            raise OSError("could not load") from exc
+        except OSError as e:
+            mapped = classify(e, config)
+        assert isinstance(mapped, ConfigError) and mapped.field == field, mapped
+
+
+def test_crashes_stay_crashes() -> None:
+    from finetune_trainer.diagnose import classify
+
+    assert classify(RuntimeError("NCCL watchdog: collective timed out")) is None
+    assert classify(ValueError("loss is nan")) is None

@@ -177,7 +177,9 @@ def pod(phase: str, *, code: int | None = None, reason: str | None = None, messa
     (pod("Failed", code=137, reason="OOMKilled"), "OOMKilled", False, False),
     (pod("Failed", code=78, message='{"reason":"ConfigError","message":"dataset.textField: no"}'), "ConfigError",
      False, True),
-    (pod("Failed", code=75), "RendezvousTimeout", False, True),
+    (pod("Failed", code=75), "RendezvousTimeout", False, False),
+    (pod("Failed", code=77, message='{"reason":"CUDAOutOfMemory","message":"the GPU ran out of memory"}'),
+     "CUDAOutOfMemory", False, True),
     (pod("Failed", code=1), "TrainingError", False, False),
     (pod("Failed", code=74, message='{"reason":"ExportFailed","message":"push to the Hub repo"}'), "ExportFailed",
      False, True),
@@ -186,7 +188,7 @@ def pod(phase: str, *, code: int | None = None, reason: str | None = None, messa
     (pod("Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
      "Preempted", True, False),
     (pod("Running", deleting=True), "PodDeleted", True, False),
-], ids=["oom", "config", "rendezvous", "crash", "export", "sigterm", "evicted", "preempted", "deleted"])
+], ids=["oom", "config", "rendezvous", "cuda-oom", "crash", "export", "sigterm", "evicted", "preempted", "deleted"])
 def test_classify(p, reason, disruption, permanent) -> None:  # type: ignore[no-untyped-def]
     f = classify_pod(p)
     assert f is not None and (f.reason, f.disruption, f.permanent) == (reason, disruption, permanent)

@@ -10,6 +10,7 @@ EXIT_OK: Final = 0
 EXIT_TRAINING_ERROR: Final = 1
 EXIT_EXPORT_FAILED: Final = 74  # EX_IOERR: trained, but pushing the model out failed (the model is on the claim)
 EXIT_RENDEZVOUS_TIMEOUT: Final = 75  # EX_TEMPFAIL
+EXIT_CUDA_OOM: Final = 77  # the GPU ran out of memory: deterministic for the settings, so not retried
 EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG
 EXIT_TERMINATED: Final = 143  # 128 + SIGTERM
 
@@ -18,6 +19,7 @@ REASON_RENDEZVOUS: Final = "RendezvousTimeout"
 REASON_TRAINING: Final = "TrainingError"
 REASON_TERMINATED: Final = "Terminated"
 REASON_EXPORT: Final = "ExportFailed"
+REASON_CUDA_OOM: Final = "CUDAOutOfMemory"
 
 REASON_BY_EXIT: Final = {
     EXIT_TRAINING_ERROR: REASON_TRAINING,
@@ -25,6 +27,7 @@ REASON_BY_EXIT: Final = {
     EXIT_CONFIG_ERROR: REASON_CONFIG,
     EXIT_TERMINATED: REASON_TERMINATED,
     EXIT_EXPORT_FAILED: REASON_EXPORT,
+    EXIT_CUDA_OOM: REASON_CUDA_OOM,
 }
 
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
@@ -32,6 +35,7 @@ DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 MAX_MESSAGE_CHARS: Final = 3000
 # A worker's ConfigError travels through torchelastic's error file with this prefix.
 CONFIG_ERROR_PREFIX: Final = "ConfigError: "
+CUDA_OOM_PREFIX: Final = "CUDAOutOfMemory: "
 
 
 class ConfigError(Exception):
@@ -44,6 +48,10 @@ class ConfigError(Exception):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}" if field else message)
+
+
+class CUDAOutOfMemory(Exception):
+    """The GPU ran out of memory (exit 77): the message says which settings to change."""
 
 
 class RendezvousTimeout(Exception):

@@ -195,6 +195,8 @@ def read_error_file(path: str) -> str:
 def classify_failure(message: str) -> tuple[int, str]:
     if message.startswith(errors.CONFIG_ERROR_PREFIX):
         return errors.EXIT_CONFIG_ERROR, message[len(errors.CONFIG_ERROR_PREFIX) :]
+    if message.startswith(errors.CUDA_OOM_PREFIX):
+        return errors.EXIT_CUDA_OOM, message[len(errors.CUDA_OOM_PREFIX) :]
     if any(marker in message for marker in _RENDEZVOUS_MARKERS):
         return errors.EXIT_RENDEZVOUS_TIMEOUT, message
     return errors.EXIT_TRAINING_ERROR, message or "a training worker failed; see the pod log"

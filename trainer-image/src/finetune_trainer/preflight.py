@@ -58,7 +58,7 @@ def wait_for_master(
             raise RendezvousTimeout(
                 f"could not {what} rank 0 at {addr}:{port} within {timeout_s:g}s (last error: {last_error}); "
                 "check that the rank-0 pod is running and the headless Service exists "
-                "(spec.preflight.timeoutSeconds sets this limit)"
+                "(spec.rendezvousTimeoutSeconds sets this limit)"
             )
         delay = min(_backoff(attempt), max(0.0, deadline - now))
         attempt += 1

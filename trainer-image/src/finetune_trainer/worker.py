@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from finetune_trainer import accel, adapters, checkpoints, compat, data, evaluation, sharding
+from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnose, evaluation, sharding
 from finetune_trainer.callbacks import CheckpointCallback, StopFlag
 from finetune_trainer.config import Config, load_config
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
@@ -555,11 +555,18 @@ def main() -> None:
     stop.install()
     ident = Identity.from_env()
     code = 1
+    config = None
     try:
         # A ConfigError propagates as is: @record writes "ConfigError: <field>: <message>" to the error file and
-        # the launcher turns that prefix into exit 78 instead of a crash.
+        # the launcher turns that prefix into exit 78 instead of a crash; failures another attempt would repeat
+        # (CUDA out of memory, a model type or Hub repo that does not exist, ...) are mapped the same way.
         config = load_config()
         code = train(config, ident, stop, launch_time)
+    except ConfigError:
+        raise
+    except Exception as e:
+        diagnose.reraise_classified(e, config)
+        raise
     finally:
         import torch.distributed as dist
 

@@ -1,0 +1,94 @@
+"""Failures that another attempt would repeat, told apart from crashes, so they do not burn gang restarts.
+
+A worker's exception is mapped (:func:`classify`) to the exception whose name the launcher turns into an exit code:
+:class:`ConfigError` (exit 78: a model type this image does not know, a Hub repository or revision that does not
+exist or that the token cannot read, anything missing while the Hub is offline, a ``report_to`` integration whose
+package the image lacks) or :class:`CUDAOutOfMemory` (exit 77, with the settings that lower memory). Everything
+else stays a crash (exit 1, retried by a gang restart).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from finetune_trainer.config import Config
+from finetune_trainer.errors import ConfigError, CUDAOutOfMemory
+
+OOM_FIX = (
+    "lower spec.training.perDeviceBatchSize (raise gradientAccumulationSteps to keep the effective batch) or "
+    "maxSeqLength, set training.activationCheckpointing: true, train LoRA or QLoRA adapters instead of every "
+    "weight, or shard the model over more GPUs with training.sharding: fsdp"
+)
+HUB_NOT_FOUND = {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError", "EntryNotFoundError"}
+_INTEGRATION = re.compile(r"(\w+)Callback requires (\S+) to be installed")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _hub_field(config: Config | None, text: str) -> tuple[str, str]:
+    """The spec field the Hub error is about, and its value ('' when unknown)."""
+    if config is not None and config.dataset.name and config.dataset.name in text:
+        return "dataset.name", config.dataset.name
+    return "model.name", (config.model.name or "") if config is not None else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
+
+
+def classify(exc: BaseException, config: Config | None = None) -> Exception | None:
+    """The deterministic failure ``exc`` stands for, or None for a crash."""
+    chain = list(_chain(exc))
+    for e in chain:
+        name = type(e).__name__
+        if name == "OutOfMemoryError" or "CUDA out of memory" in str(e):
+            return CUDAOutOfMemory(f"the GPU ran out of memory ({_first_line(e)}); {OOM_FIX}")
+    for e in chain:
+        name, text = type(e).__name__, str(e)
+        if name in HUB_NOT_FOUND:
+            field, repo = _hub_field(config, text)
+            return ConfigError(
+                field,
+                f"the Hub refused {repo!r} ({_first_line(e)}): check spec.{field} and spec.model.revision, and "
+                "that the token in spec.hfTokenSecretRef may read it (gated models need their license accepted)",
+            )
+        if name == "LocalEntryNotFoundError" and os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+            field, repo = _hub_field(config, text)
+            return ConfigError(
+                field,
+                f"{repo!r} is not in the Hugging Face cache and the Hub is offline (HF_HUB_OFFLINE=1): "
+                f"{_first_line(e)}; fill the cache (spec.cache) or let the pod reach the Hub",
+            )
+        if isinstance(e, ValueError) and "does not recognize this architecture" in text:
+            return ConfigError(
+                "model",
+                f"this image's transformers does not know the model type ({_first_line(e)}); use a newer trainer "
+                "image, or set spec.model.trustRemoteCode if the model ships its own code",
+            )
+        match = _INTEGRATION.search(text)
+        if match:
+            return ConfigError(
+                "training.extraArgs.report_to",
+                f"the {match.group(1)} integration needs the {match.group(2)!r} package, which this image lacks; "
+                "remove it from spec.training.extraArgs.report_to (the trainer exports Prometheus metrics itself) "
+                "or build an image that adds it",
+            )
+    return None
+
+
+def reraise_classified(exc: BaseException, config: Any) -> None:
+    """Raise what :func:`classify` maps ``exc`` to (from ``exc``), or return for a crash."""
+    mapped = classify(exc, config)
+    if mapped is not None:
+        raise mapped from exc
