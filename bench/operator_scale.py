@@ -19,7 +19,8 @@ operator needs to create them):
    makes there is a write that should not happen.
 
 API requests are counted on the apiserver side: deltas of ``apiserver_request_total`` for the resources
-the operator touches (finetunejobs, pods, services, configmaps, events), watches excluded. Nothing else
+the operator touches (finetunejobs, pods, services, configmaps, events, persistentvolumeclaims,
+poddisruptionbudgets), watches excluded. Nothing else
 reads or writes those resources in this cluster during the measured windows (kube-controller-manager only
 watches them, once its garbage collector has discovered the CRD, which the setup waits for; the benchmark's
 own requests there are its job creates, which are subtracted, and its watches), so the remainder is the
@@ -58,7 +59,8 @@ from bench.common import Api as BaseApi  # noqa: E402
 from tests.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
 
 LABEL_JOB = "finetune.dev/job-name"
-OPERATOR_RESOURCES = ("finetunejobs", "pods", "services", "configmaps", "events")
+OPERATOR_RESOURCES = ("finetunejobs", "pods", "services", "configmaps", "events", "persistentvolumeclaims",
+                      "poddisruptionbudgets")
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY")
 SETTLE_SECONDS = 3.0
 

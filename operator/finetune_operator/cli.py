@@ -57,6 +57,7 @@ def run_operator(args: argparse.Namespace) -> int:
     from finetune_operator.controller import Controller
     from finetune_operator.handlers import build_registry
     from finetune_operator.k8s import Kube, load_api_client
+    from finetune_operator.store import Store
 
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack: for stuck operators
     settings = Settings.from_env()
@@ -64,7 +65,8 @@ def run_operator(args: argparse.Namespace) -> int:
         settings = Settings(**{**settings.__dict__, "namespaces": tuple(args.namespace)})
     kopf.configure(log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.PLAIN,
                    verbose=args.verbose)
-    controller = Controller(Kube(load_api_client(args.kubeconfig)), settings)
+    controller = Controller(Kube(load_api_client(args.kubeconfig)), settings,
+                            store=Store() if settings.watch_cache else None)
     _priority = _peering_priority()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=controller.metrics.registry)

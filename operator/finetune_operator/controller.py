@@ -26,6 +26,7 @@ from finetune_operator.progress import parse_metrics
 from finetune_operator.reconcile import RUNNING, TERMINAL, Plan, create_rejected, decide
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, METRICS_PORT, Settings
 from finetune_operator.spec import SpecError, parse_spec
+from finetune_operator.store import Store
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -51,10 +52,16 @@ def fetch_metrics(url: str, timeout: float = 2.0) -> str:
     return str(body.decode("utf-8", errors="replace"))
 
 
+LIST_EVERY = 10  # backstop ticks between lists of the jobs when a store serves them
+
+
 class Controller:
     def __init__(self, kube: Kube, settings: Settings, metrics: OperatorMetrics | None = None,
-                 clock: Callable[[], datetime] = _now) -> None:
+                 clock: Callable[[], datetime] = _now, store: Store | None = None) -> None:
         self.kube = kube
+        # What the watches delivered (finetune_operator.store); None: every pass reads from the API server.
+        self.store = store
+        self._resyncs = 0
         self.settings = settings
         self.metrics = metrics or OperatorMetrics()
         self.clock = clock
@@ -83,6 +90,8 @@ class Controller:
             self._due[key] = min(self._due.get(key, due), due)
 
     def forget(self, key: Key) -> None:
+        if self.store is not None:
+            self.store.drop(key)
         with self._guard:  # the lock itself stays: a pass may hold it or wait on it right now
             self._due.pop(key, None)
             self._states.pop(key, None)
@@ -107,6 +116,8 @@ class Controller:
                 return self._reconcile(key, job)
             except Conflict as e:
                 log.info("conflict on %s/%s, retrying: %s", namespace, name, e)
+                if self.store is not None:
+                    self.store.forget_job(key)  # the stored version is stale: the retry reads the job
                 self.requeue(key, 0.5)
             except Exception:
                 self.metrics.reconcile_errors.inc()
@@ -119,8 +130,12 @@ class Controller:
 
     def _reconcile(self, key: Key, job: dict[str, Any] | None) -> Plan | None:
         namespace, name = key
+        if job is None and self.store is not None:
+            job = self.store.job(key)
         if job is None:
             job = self.kube.get_job(namespace, name)
+            if job is not None and self.store is not None:
+                self.store.put_job(job)
         if job is None or job["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return None
@@ -145,12 +160,26 @@ class Controller:
             pvc = self.kube.get_claim(meta["namespace"], claim)
             if pvc is not None:
                 claims[claim] = pvc
-        held = admission.usage_of(self.kube.list_jobs(meta["namespace"]), exclude_uid=meta["uid"]) if usage else None
+        held = admission.usage_of(self._jobs(meta["namespace"]), exclude_uid=meta["uid"]) if usage else None
         return Observed(claims=claims, usage=held)
+
+    def _jobs(self, namespace: str) -> list[dict[str, Any]]:
+        return self.store.jobs(namespace) if self.store is not None else self.kube.list_jobs(namespace)
+
+    def _pods(self, key: Key) -> list[dict[str, Any]]:
+        """The job's pods from the store when it can be trusted for them, else listed (and stored)."""
+        if self.store is not None:
+            held = self.store.pods(key)
+            if held is not None:
+                return held
+        pods = self.kube.list_pods(*key)
+        if self.store is not None:
+            self.store.replace_pods(key, pods)
+        return pods
 
     def _pass(self, key: Key, job: dict[str, Any], observed: Observed) -> Plan | None:
         namespace, name = key
-        pods = self.kube.list_pods(namespace, name)
+        pods = self._pods(key)
         plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
                       observed=observed)
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
@@ -168,8 +197,13 @@ class Controller:
                 break
             if created and obj["kind"] == "Pod":
                 self.metrics.pods_created.inc()
+        if self.store is not None:
+            self.store.expect(key, added=[o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"],
+                              deleted=[d.uid for d in plan.delete])
         if plan.status != (job.get("status") or {}):
-            self.kube.replace_status(job, plan.status)
+            written = self.kube.replace_status(job, plan.status)
+            if self.store is not None and written:
+                self.store.put_job(written)  # its watch event is then an echo, not a reason for another pass
             self.metrics.status_writes.inc()
         for d in plan.delete:
             if self.kube.delete_pod(namespace, d.name, uid=d.uid, grace_seconds=d.grace_seconds):
@@ -221,11 +255,22 @@ class Controller:
     # -- the backstop ---------------------------------------------------------------------------------
 
     def resync(self) -> None:
-        """Reconcile every job that can still change (active ones, finished ones with a TTL)."""
+        """Reconcile every job that can still change (active ones, finished ones with a TTL). With a store the
+        jobs come from memory; every :data:`LIST_EVERY` ticks (and the first) they are listed, a safety net for a
+        watch that missed something."""
         namespaces: tuple[str | None, ...] = self.settings.namespaces or (None,)
+        listing = self.store is None or self._resyncs % LIST_EVERY == 0
+        self._resyncs += 1
+        if listing and self.store is not None:
+            self.store.invalidate()  # and each job's pods are listed again on its next pass
         for ns in namespaces:
             listed_at = time.monotonic()
-            for job in self.kube.list_jobs(ns):
+            jobs = self.kube.list_jobs(ns) if listing else self.store.jobs(ns)  # type: ignore[union-attr]
+            if listing and self.store is not None:
+                for job in jobs:
+                    self.store.put_job(job)
+                jobs = self.store.jobs(ns)  # a listed version older than a stored one loses
+            for job in jobs:
                 state = (job.get("status") or {}).get("state")
                 if state in TERMINAL and (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None:
                     continue
@@ -247,10 +292,15 @@ class Controller:
     def loop(self, stop: threading.Event) -> None:
         """Backstop timer plus requeues, until ``stop`` is set. Never raises."""
         next_resync = time.monotonic() + self.settings.resync_seconds
+        was_active = True
         while not stop.wait(0.5):
             try:
                 if not self.active():
+                    was_active = False
                     continue  # a standby replica: kopf has paused this replica's handlers too
+                if not was_active and self.store is not None:
+                    self.store.invalidate()  # the watches were paused: what they missed must be listed
+                was_active = True
                 self.run_due()
                 if time.monotonic() >= next_resync:
                     next_resync = time.monotonic() + self.settings.resync_seconds

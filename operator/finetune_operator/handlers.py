@@ -7,6 +7,7 @@ the Controller's own loop, because kopf timers would add a finalizer.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,11 @@ def configure_kopf(settings: kopf.OperatorSettings, *, peering_priority: int, pe
     settings.execution.max_workers = 8
 
 
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    """kopf's read-only body as the plain dict (camelCase, as on the wire) the rest of the operator works on."""
+    return copy.deepcopy(dict(body))
+
+
 def build_registry(controller: Controller, *, peering_priority: int = 0, peering_lifetime: int = 60,
                    on_cleanup: Callable[[], None] | None = None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
@@ -58,19 +64,30 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
         if on_cleanup is not None:
             on_cleanup()
 
+    store = controller.store
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def job_event(type: str, body: kopf.Body, **_: Any) -> None:
         ns, name = str(body.metadata.namespace), str(body.metadata.name)
         if type == "DELETED":
             controller.forget((ns, name))
             return
+        if store is not None and not store.put_job(_plain(body)):
+            return  # the echo of this operator's own status write (or an older version): nothing new
         controller.reconcile(ns, name)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def pod_event(body: kopf.Body, **_: Any) -> None:
+    def pod_event(type: str, body: kopf.Body, **_: Any) -> None:
         job = body.metadata.labels.get(LABEL_JOB)
         owners = [o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "FineTuneJob"]
-        if job and owners:
-            controller.reconcile(str(body.metadata.namespace), job)
+        if not (job and owners):
+            return
+        key = (str(body.metadata.namespace), str(job))
+        if store is not None:
+            if type == "DELETED":
+                store.delete_pod(key, _plain(body))
+            else:
+                store.put_pod(key, _plain(body))
+        controller.reconcile(*key)
 
     return registry

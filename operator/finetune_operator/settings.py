@@ -49,6 +49,7 @@ class Settings:
     image_pull_policy: str = "IfNotPresent"
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     resync_seconds: int = 30
+    watch_cache: bool = True  # passes read jobs and pods from the watches (finetune_operator.store), not the API
     max_disruptions: int = 20  # eviction/preemption restarts, not counted in maxRestarts, bounded
     waiting_timeout_seconds: int = 600  # image pull / container config errors before the job fails
     restart_force_delete_after_seconds: int = 30  # beyond the grace period, for pods whose node is gone
@@ -81,6 +82,7 @@ class Settings:
             image_pull_policy=os.environ.get("FINETUNE_IMAGE_PULL_POLICY", cls.image_pull_policy),
             namespaces=_list("FINETUNE_WATCH_NAMESPACES"),
             resync_seconds=_int("FINETUNE_RESYNC_SECONDS", cls.resync_seconds),
+            watch_cache=os.environ.get("FINETUNE_WATCH_CACHE", "1").lower() not in ("0", "false", "no"),
             max_disruptions=_int("FINETUNE_MAX_DISRUPTIONS", cls.max_disruptions),
             waiting_timeout_seconds=_int("FINETUNE_WAITING_TIMEOUT_SECONDS", cls.waiting_timeout_seconds),
             progress_interval_seconds=_int("FINETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds),

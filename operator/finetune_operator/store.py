@@ -1,0 +1,143 @@
+"""Jobs and their pods as the operator's watches last delivered them, so a reconcile pass reads nothing.
+
+The kopf handlers feed every FineTuneJob and trainer-pod event in (:meth:`Store.put_job`, :meth:`Store.put_pod`);
+a pass takes its inputs from here. Three rules keep it as correct as a fresh read:
+
+* **Newer wins**: an object is replaced only by one with a higher resourceVersion, so a late watch event never
+  rolls back what a write answered or a list returned.
+* **Trust after one list**: a job's pods are served from memory only once they have been listed for that job
+  (the first pass after the operator starts lists them once): the pod watch's initial listing may arrive after
+  the job's first event, and a pod missing from memory must never read as a pod that vanished.
+* **Expectations**: after a pass creates or deletes pods, the job's pods are listed again (not served from memory)
+  until the watch has delivered every one of those changes, or until :data:`EXPECTATION_TTL` passes, as the
+  Kubernetes controllers do.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+Key = tuple[str, str]
+EXPECTATION_TTL = 30.0  # seconds: a change the watch never delivers stops forcing lists after this
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class Store:
+    def __init__(self, *, clock: Any = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[Key, dict[str, Any]] = {}
+        self._pods: dict[Key, dict[str, dict[str, Any]]] = {}
+        self._listed: set[Key] = set()
+        self._expect: dict[Key, tuple[set[str], float]] = {}  # pending "add:<name>" / "del:<uid>", deadline
+        self._clock = clock
+
+    # -- jobs ----------------------------------------------------------------------------------------
+
+    def put_job(self, job: dict[str, Any]) -> bool:
+        """Store ``job`` unless an equal or newer version is stored; False when nothing changed (an echo of a
+        write this operator made, or a stale event)."""
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        with self._lock:
+            held = self._jobs.get(key)
+            if held is not None and held["metadata"].get("uid") == job["metadata"].get("uid") and _rv(held) >= _rv(job):
+                return False
+            self._jobs[key] = copy.deepcopy(job)
+            return True
+
+    def job(self, key: Key) -> dict[str, Any] | None:
+        with self._lock:
+            held = self._jobs.get(key)
+            return copy.deepcopy(held) if held is not None else None
+
+    def jobs(self, namespace: str | None) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(j) for (ns, _), j in self._jobs.items() if namespace is None or ns == namespace]
+
+    def forget_job(self, key: Key) -> None:
+        """A deleted job, or one whose stored version a write found stale (the next pass reads it)."""
+        with self._lock:
+            self._jobs.pop(key, None)
+
+    def drop(self, key: Key) -> None:
+        """Everything about a deleted job."""
+        with self._lock:
+            self._jobs.pop(key, None)
+            self._pods.pop(key, None)
+            self._listed.discard(key)
+            self._expect.pop(key, None)
+
+    def invalidate(self) -> None:
+        """Trust nothing about pods until each job's are listed again: after this replica was a standby (its
+        watches paused), and periodically, so a deletion a restarted watch never reported cannot linger."""
+        with self._lock:
+            self._listed.clear()
+            self._expect.clear()
+
+    # -- pods ----------------------------------------------------------------------------------------
+
+    def put_pod(self, key: Key, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        with self._lock:
+            pods = self._pods.setdefault(key, {})
+            held = pods.get(meta["name"])
+            if held is None or held["metadata"].get("uid") != meta.get("uid") or _rv(pod) > _rv(held):
+                pods[meta["name"]] = copy.deepcopy(pod)
+            self._satisfy(key, f"add:{meta['name']}")
+            if meta.get("deletionTimestamp"):
+                self._satisfy(key, f"del:{meta.get('uid')}")
+
+    def delete_pod(self, key: Key, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        with self._lock:
+            pods = self._pods.get(key, {})
+            held = pods.get(meta["name"])
+            if held is not None and held["metadata"].get("uid") == meta.get("uid"):
+                del pods[meta["name"]]
+            self._satisfy(key, f"del:{meta.get('uid')}")
+
+    def replace_pods(self, key: Key, pods: list[dict[str, Any]]) -> None:
+        """What a list returned: from now on the job's pods may be served from memory."""
+        with self._lock:
+            self._pods[key] = {p["metadata"]["name"]: copy.deepcopy(p) for p in pods}
+            self._listed.add(key)
+
+    def pods(self, key: Key) -> list[dict[str, Any]] | None:
+        """The job's pods, or None when they must be listed (never listed, or changes still expected)."""
+        with self._lock:
+            if key not in self._listed:
+                return None
+            pending = self._expect.get(key)
+            if pending is not None:
+                if pending[0] and self._clock() < pending[1]:
+                    return None
+                del self._expect[key]
+            return [copy.deepcopy(p) for p in self._pods.get(key, {}).values()]
+
+    def expect(self, key: Key, *, added: Sequence[str] = (), deleted: Sequence[str] = ()) -> None:
+        """This pass created the pods ``added`` (names) and deleted ``deleted`` (uids); changes the watch has
+        already delivered are not waited for."""
+        with self._lock:
+            held = self._pods.get(key, {})
+            seen_uids = {p["metadata"].get("uid"): p for p in held.values()}
+            marks = {f"add:{n}" for n in added if n not in held}
+            marks |= {f"del:{u}" for u in deleted
+                      if u in seen_uids and not seen_uids[u]["metadata"].get("deletionTimestamp")}
+            if not marks:
+                return
+            pending, _ = self._expect.get(key, (set(), 0.0))
+            self._expect[key] = (pending | marks, self._clock() + EXPECTATION_TTL)
+
+    def _satisfy(self, key: Key, mark: str) -> None:
+        pending = self._expect.get(key)
+        if pending is not None:
+            pending[0].discard(mark)

@@ -1,0 +1,79 @@
+"""The watch cache (finetune_operator.store): newer versions win, pods are served only once listed and only while
+no change this operator made is still on its way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from finetune_operator.store import EXPECTATION_TTL, Store
+
+pytestmark = pytest.mark.unit
+KEY = ("ns", "ft")
+
+
+def job(rv: int, uid: str = "u1", state: str = "Running") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "ft", "uid": uid, "resourceVersion": str(rv)},
+            "status": {"state": state}}
+
+
+def pod(name: str, rv: int, uid: str | None = None, *, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": "ns", "name": name, "uid": uid or f"uid-{name}", "resourceVersion": str(rv)}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": "Running"}}
+
+
+def names(pods: list[dict[str, Any]] | None) -> list[str] | None:
+    return None if pods is None else sorted(p["metadata"]["name"] for p in pods)
+
+
+def test_a_job_is_replaced_only_by_a_newer_version_and_an_echo_is_not_news() -> None:
+    store = Store()
+    assert store.put_job(job(5)) is True
+    assert store.put_job(job(5)) is False  # the watch echoing what a status write already stored
+    assert store.put_job(job(4, state="Pending")) is False  # a late event never rolls back
+    assert store.job(KEY)["status"]["state"] == "Running"  # type: ignore[index]
+    assert store.put_job(job(3, uid="u2")) is True  # a re-created job of the same name is a new object
+    store.forget_job(KEY)
+    assert store.job(KEY) is None
+
+
+def test_pods_are_served_only_after_a_list() -> None:
+    """A pod the pod watch has not delivered yet must not read as a pod that vanished."""
+    store = Store()
+    store.put_pod(KEY, pod("ft-node-1", 10))
+    assert store.pods(KEY) is None
+    store.replace_pods(KEY, [pod("ft-node-0", 9), pod("ft-node-1", 10)])
+    assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
+    store.put_pod(KEY, {**pod("ft-node-0", 8), "status": {"phase": "Pending"}})  # older: ignored
+    assert {p["status"]["phase"] for p in store.pods(KEY) or []} == {"Running"}
+    store.delete_pod(KEY, pod("ft-node-1", 11))
+    assert names(store.pods(KEY)) == ["ft-node-0"]
+    store.invalidate()
+    assert store.pods(KEY) is None
+
+
+def test_changes_this_operator_made_are_waited_for_then_served() -> None:
+    now = [0.0]
+    store = Store(clock=lambda: now[0])
+    store.replace_pods(KEY, [pod("ft-node-0", 1)])
+    store.expect(KEY, added=["ft-node-1"], deleted=["uid-ft-node-0"])
+    assert store.pods(KEY) is None  # neither change delivered yet: the pass lists
+    store.put_pod(KEY, pod("ft-node-1", 2))
+    assert store.pods(KEY) is None  # the deletion is still on its way
+    store.put_pod(KEY, pod("ft-node-0", 3, deleting=True))  # graceful deletion: marked first
+    assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
+    store.expect(KEY, added=["ft-node-2"])
+    now[0] += EXPECTATION_TTL + 1  # never delivered: stop forcing lists
+    assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
+
+
+def test_changes_the_watch_delivered_before_the_pass_noted_them_are_not_waited_for() -> None:
+    store = Store()
+    store.replace_pods(KEY, [])
+    store.put_pod(KEY, pod("ft-node-0", 5))  # the ADDED event beat the create call's return
+    store.expect(KEY, added=["ft-node-0"])
+    assert names(store.pods(KEY)) == ["ft-node-0"]
+    store.drop(KEY)
+    assert store.pods(KEY) is None and store.job(KEY) is None
