@@ -139,6 +139,11 @@ class Controller:
         if job is None or job["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return None
+        if self.store is not None and (wait := self.store.waiting(key)) is not None:
+            # Pods this operator just created or deleted are still on their way through the watch; the event
+            # that delivers the last of them starts the next pass (and a requeue covers one that never comes).
+            self.requeue(key, wait)
+            return None
         status = job.get("status") or {}
         admitting = status.get("state") not in TERMINAL and not status.get("attemptStartTime")
         if admitting and (self.settings.max_nodes_per_namespace or self.settings.max_gpus_per_namespace):

@@ -8,9 +8,9 @@ a pass takes its inputs from here. Three rules keep it as correct as a fresh rea
 * **Trust after one list**: a job's pods are served from memory only once they have been listed for that job
   (the first pass after the operator starts lists them once): the pod watch's initial listing may arrive after
   the job's first event, and a pod missing from memory must never read as a pod that vanished.
-* **Expectations**: after a pass creates or deletes pods, the job's pods are listed again (not served from memory)
-  until the watch has delivered every one of those changes, or until :data:`EXPECTATION_TTL` passes, as the
-  Kubernetes controllers do.
+* **Expectations**: after a pass creates or deletes pods, the job's next passes wait (the controller skips them)
+  until the watch has delivered every one of those changes, each of which starts a pass of its own, or until
+  :data:`EXPECTATION_TTL` passes, as the Kubernetes controllers do; a pass that runs meanwhile anyway lists.
 """
 
 from __future__ import annotations
@@ -122,6 +122,16 @@ class Store:
                     return None
                 del self._expect[key]
             return [copy.deepcopy(p) for p in self._pods.get(key, {}).values()]
+
+    def waiting(self, key: Key) -> float | None:
+        """Seconds this job's pass should wait for changes it made that the watch has not delivered yet (each
+        delivery starts a pass of its own), or None when nothing is on its way."""
+        with self._lock:
+            pending = self._expect.get(key)
+            if pending is None or not pending[0]:
+                return None
+            left = pending[1] - self._clock()
+            return left if left > 0 else None
 
     def expect(self, key: Key, *, added: Sequence[str] = (), deleted: Sequence[str] = ()) -> None:
         """This pass created the pods ``added`` (names) and deleted ``deleted`` (uids); changes the watch has

@@ -59,13 +59,16 @@ def test_changes_this_operator_made_are_waited_for_then_served() -> None:
     store = Store(clock=lambda: now[0])
     store.replace_pods(KEY, [pod("ft-node-0", 1)])
     store.expect(KEY, added=["ft-node-1"], deleted=["uid-ft-node-0"])
-    assert store.pods(KEY) is None  # neither change delivered yet: the pass lists
+    assert store.waiting(KEY) == pytest.approx(EXPECTATION_TTL)  # the controller skips the pass meanwhile
+    assert store.pods(KEY) is None  # neither change delivered yet: a pass that runs anyway lists
     store.put_pod(KEY, pod("ft-node-1", 2))
     assert store.pods(KEY) is None  # the deletion is still on its way
     store.put_pod(KEY, pod("ft-node-0", 3, deleting=True))  # graceful deletion: marked first
+    assert store.waiting(KEY) is None
     assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
     store.expect(KEY, added=["ft-node-2"])
-    now[0] += EXPECTATION_TTL + 1  # never delivered: stop forcing lists
+    now[0] += EXPECTATION_TTL + 1  # never delivered: stop waiting
+    assert store.waiting(KEY) is None
     assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
 
 
