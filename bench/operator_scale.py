@@ -48,7 +48,9 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,8 @@ RequestKey = tuple[str, str, str, str]  # verb, resource, subresource, code
 class Api(BaseApi):
     """The shared client plus what this benchmark reads."""
 
+    resources: tuple[str, ...] = OPERATOR_RESOURCES
+
     def requests_total(self) -> Counter[RequestKey]:
         """apiserver_request_total for the operator's resources, watches excluded."""
         status, data = self.request("GET", "/metrics")
@@ -102,7 +106,7 @@ class Api(BaseApi):
             raise RuntimeError(f"GET /metrics: HTTP {status}")
         out: Counter[RequestKey] = Counter()
         for _, lab, v in parse_prometheus(data.decode(), ("apiserver_request_total",)):
-            if lab.get("resource") in OPERATOR_RESOURCES and lab.get("verb") not in ("WATCH", "CONNECT"):
+            if lab.get("resource") in self.resources and lab.get("verb") not in ("WATCH", "CONNECT"):
                 out[(lab["verb"], lab["resource"], lab.get("subresource", ""), lab.get("code", ""))] += int(v)
         return out
 
@@ -119,7 +123,8 @@ class Api(BaseApi):
 class Observed:
     """What the benchmark's own watches saw: pods per job (with arrival times) and job statuses."""
 
-    def __init__(self) -> None:
+    def __init__(self, pod_label: str = LABEL_JOB) -> None:
+        self.pod_label = pod_label
         self.lock = threading.Lock()
         self.pods: dict[str, dict[str, tuple[float, str]]] = {}  # job -> pod -> (seen, creationTimestamp)
         self.status: dict[str, dict[str, Any]] = {}
@@ -129,7 +134,7 @@ class Observed:
 
     def on_pod(self, type_: str, obj: dict[str, Any], seen: float) -> None:
         meta = obj.get("metadata") or {}
-        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        job = (meta.get("labels") or {}).get(self.pod_label)
         with self.lock:
             self.pod_events[type_] += 1
             if job and type_ == "ADDED":
@@ -235,6 +240,28 @@ class Operator:
                 self.proc.wait()
 
 
+@dataclass
+class Target:
+    """The operator the benchmark drives and the job kind it creates; finetune-operator by default
+    (bench/peer_operator.py drives Kubeflow's training operator through the same run)."""
+
+    name: str = "finetune-operator"
+    crd_files: tuple[Path, ...] = (ROOT / "crds" / "finetune.dev_finetunejobs.yaml",)
+    group: str = GROUP
+    version: str = VERSION
+    plural: str = PLURAL
+    pod_label: str = LABEL_JOB
+    manifest: Callable[[str, int], dict[str, Any]] = job_manifest
+    settled: Callable[[dict[str, Any]], bool] = field(default=lambda s: bool(s.get("attemptStartTime")))
+    prepare: Callable[[LocalCluster, Api], None] = field(default=lambda cluster, api: None)
+    start: Callable[[LocalCluster, Path, argparse.Namespace], Any] | None = None  # None: our operator
+
+    def start_operator(self, cluster: LocalCluster, log: Path, args: argparse.Namespace) -> Any:
+        if self.start is not None:
+            return self.start(cluster, log, args)
+        return Operator(cluster.kubeconfig, log, args.resync_seconds, verbose=args.operator_verbose)
+
+
 def delta(after: Counter[RequestKey], before: Counter[RequestKey]) -> Counter[RequestKey]:
     d: Counter[RequestKey] = Counter()
     for k, v in after.items():
@@ -254,8 +281,11 @@ def by_call(d: Counter[RequestKey]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, target: Target | None = None) -> dict[str, Any]:
+    target = target or Target()
+    group, version, plural = target.group, target.version, target.plural
     result: dict[str, Any] = {
+        "operator": target.name,
         "jobs": args.jobs,
         "nodes": args.nodes,
         "workers": args.workers,
@@ -273,23 +303,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         cluster.start()
         api = Api(cluster)
+        api.resources = (*OPERATOR_RESOURCES, plural)
         kubectl = [str(BIN_DIR / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"]
-        subprocess.run(
-            [*kubectl, "apply", "--server-side", "-f", str(ROOT / "crds" / "finetune.dev_finetunejobs.yaml")],
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [*kubectl, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}"],
-            check=True,
-            capture_output=True,
-        )
+        for crd in target.crd_files:
+            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True)
+
+        def established() -> bool:
+            crd = api.get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}") or {}
+            conds = (crd.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+        wait_for(established, timeout=120, what=f"crd/{plural}.{group} to be Established", check=cluster.check)
         status, body = api.request(
             "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
         )
         if status != 201:
             raise RuntimeError(f"creating namespace {NAMESPACE}: HTTP {status} {body[:300]!r}")
-        jobs_path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+        jobs_path = f"/apis/{group}/{version}/namespaces/{NAMESPACE}/{plural}"
         # Pods are rejected until the namespace's default ServiceAccount exists; the CR endpoint may
         # lag Established by a moment.
         wait_for(
@@ -298,24 +328,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             what="the default ServiceAccount",
             check=cluster.check,
         )
-        wait_for(lambda: api.get_json(jobs_path), timeout=60, what="the FineTuneJob endpoint", check=cluster.check)
+        wait_for(lambda: api.get_json(jobs_path), timeout=60, what=f"the {plural} endpoint", check=cluster.check)
         # kube-controller-manager's garbage collector discovers new resources every 30 s. Until it watches
         # FineTuneJobs, every owner reference to one is a "virtual node" it GETs to check that the owner
         # exists: ~100 GETs of other clients inside the measured windows. Wait for its watch first.
         wait_for(
-            lambda: api.watches("cluster").get(PLURAL, 0) >= 1,
+            lambda: api.watches("cluster").get(plural, 0) >= 1,
             timeout=90,
             interval=1,
-            what="kube-controller-manager to watch finetunejobs",
+            what=f"kube-controller-manager to watch {plural}",
             check=cluster.check,
         )
 
-        operator = Operator(
-            cluster.kubeconfig,
-            Path(cluster.state_dir) / "logs" / "operator.log",
-            args.resync_seconds,
-            verbose=args.operator_verbose,
-        )
+        target.prepare(cluster, api)
+        operator = target.start_operator(cluster, Path(cluster.state_dir) / "logs" / "operator.log", args)
         op = operator
 
         def check() -> None:
@@ -327,22 +353,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         wait_for(op.metrics_ready, timeout=60, what="the operator's metrics endpoint", check=check)
         wait_for(
-            lambda: (w := api.watches("namespace")).get("pods", 0) >= 1 and w.get(PLURAL, 0) >= 1,
+            lambda: (w := api.watches("namespace")).get("pods", 0) >= 1 and w.get(plural, 0) >= 1,
             timeout=60,
-            what="the operator's watches on pods and finetunejobs",
+            what=f"the operator's watches on pods and {plural}",
             check=check,
         )
         result["setup_seconds"] = round(time.monotonic() - t0, 1)
         result["operator_rss_mib_idle"] = round(op.proc_status()["rss_mib"], 1)
 
-        seen = Observed()
+        seen = Observed(target.pod_label)
         rv_pods = (api.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1") or {})["metadata"]["resourceVersion"]
         rv_jobs = (api.get_json(jobs_path + "?limit=1") or {})["metadata"]["resourceVersion"]
         watchers.append(
             Watcher(
                 api,
                 f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={rv_pods}"
-                f"&labelSelector={LABEL_JOB.replace('/', '%2F')}&timeoutSeconds=3600",
+                f"&labelSelector={target.pod_label.replace('/', '%2F')}&timeoutSeconds=3600",
                 seen.on_pod,
             )
         )
@@ -359,7 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         def create(name: str) -> None:
             sent[name] = time.monotonic()
-            status, body = api.request("POST", jobs_path, job_manifest(name, args.nodes))
+            status, body = api.request("POST", jobs_path, target.manifest(name, args.nodes))
             if status != 201:
                 raise RuntimeError(f"creating {name}: HTTP {status} {body[:300]!r}")
 
@@ -385,7 +411,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             writes = sum(v for k, v in api.requests_total().items() if k[0] in WRITE_VERBS)
             if writes != last_writes:
                 last_writes, last_change = writes, time.monotonic()
-            return all(s.get("attemptStartTime") for s in statuses) and time.monotonic() - last_change >= SETTLE_SECONDS
+            return all(target.settled(s) for s in statuses) and time.monotonic() - last_change >= SETTLE_SECONDS
 
         wait_for(settled, timeout=args.timeout, what="the operator to settle", check=check, interval=0.5)
         ramp_end = time.monotonic()
@@ -399,7 +425,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             states = Counter(str(seen.status.get(n, {}).get("state")) for n in names)
         per_job = [last_pod[n] - sent[n] for n in names]
         ramp = delta(after_req, before_req)
-        ours = Counter({("POST", PLURAL, "", "201"): args.jobs})
+        ours = Counter({("POST", plural, "", "201"): args.jobs})
         operator_ramp = delta(ramp, ours)
         ramp_calls = by_call(operator_ramp)
         total_ops = sum(operator_ramp.values())
@@ -419,7 +445,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sum(v for k, v in operator_ramp.items() if k[0] in WRITE_VERBS) / args.jobs, 1
             ),
             "requests_by_call": ramp_calls,
-            "resync_ticks": ramp_calls.get(f"LIST {PLURAL}", 0),
+            "resync_ticks": ramp_calls.get(f"LIST {plural}", 0),
             "operator_metrics": {k: after_op[k] - before_op.get(k, 0) for k in after_op},
             "operator_cpu_seconds": round(after_proc["cpu_seconds"] - before_proc["cpu_seconds"], 1),
             "loadavg_after": os.getloadavg(),
