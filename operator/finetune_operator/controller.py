@@ -165,11 +165,10 @@ class Controller:
             pvc = self.kube.get_claim(meta["namespace"], claim)
             if pvc is not None:
                 claims[claim] = pvc
-        held = admission.usage_of(self._jobs(meta["namespace"]), exclude_uid=meta["uid"]) if usage else None
+        # From the API server, not the store: after a start the store may not hold every job of the namespace yet,
+        # and admission under namespace limits is rare.
+        held = admission.usage_of(self.kube.list_jobs(meta["namespace"]), exclude_uid=meta["uid"]) if usage else None
         return Observed(claims=claims, usage=held)
-
-    def _jobs(self, namespace: str) -> list[dict[str, Any]]:
-        return self.store.jobs(namespace) if self.store is not None else self.kube.list_jobs(namespace)
 
     def _pods(self, key: Key) -> list[dict[str, Any]]:
         """The job's pods from the store when it can be trusted for them, else listed (and stored)."""
@@ -177,9 +176,11 @@ class Controller:
             held = self.store.pods(key)
             if held is not None:
                 return held
-        pods = self.kube.list_pods(*key)
-        if self.store is not None:
-            self.store.replace_pods(key, pods)
+        if self.store is None:
+            return self.kube.list_pods(*key)
+        seen = self.store.events_seen(key)
+        pods, version = self.kube.list_pods_at(*key)
+        self.store.replace_pods(key, pods, version=version, events_seen=seen)
         return pods
 
     def _pass(self, key: Key, job: dict[str, Any], observed: Observed) -> Plan | None:
@@ -203,16 +204,19 @@ class Controller:
             if created and obj["kind"] == "Pod":
                 self.metrics.pods_created.inc()
         if self.store is not None:
-            self.store.expect(key, added=[o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"],
-                              deleted=[d.uid for d in plan.delete])
+            self.store.expect(key, added=[o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"])
         if plan.status != (job.get("status") or {}):
             written = self.kube.replace_status(job, plan.status)
             if self.store is not None and written:
                 self.store.put_job(written)  # its watch event is then an echo, not a reason for another pass
             self.metrics.status_writes.inc()
+        deleted = []
         for d in plan.delete:
             if self.kube.delete_pod(namespace, d.name, uid=d.uid, grace_seconds=d.grace_seconds):
                 self.metrics.pods_deleted.inc()
+                deleted.append(d.uid)
+        if self.store is not None:
+            self.store.expect(key, deleted=deleted)  # only deletions that were issued
         for kind, obj_name in plan.delete_objects:
             self.kube.delete_object(kind, namespace, obj_name)
         if plan.restart_reason:
@@ -272,8 +276,13 @@ class Controller:
             listed_at = time.monotonic()
             jobs = self.kube.list_jobs(ns) if listing else self.store.jobs(ns)  # type: ignore[union-attr]
             if listing and self.store is not None:
+                listed = {(j["metadata"]["namespace"], j["metadata"]["name"]) for j in jobs}
                 for job in jobs:
                     self.store.put_job(job)
+                for job in self.store.jobs(ns):  # deleted while a watch was down: no DELETED event came
+                    key = (job["metadata"]["namespace"], job["metadata"]["name"])
+                    if key not in listed:
+                        self.store.forget_job(key)
                 jobs = self.store.jobs(ns)  # a listed version older than a stored one loses
             for job in jobs:
                 state = (job.get("status") or {}).get("state")

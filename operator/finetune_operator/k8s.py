@@ -112,11 +112,20 @@ class Kube:
             raise
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list_pods_at(namespace, job)[0]
+
+    def list_pods_at(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], int]:
+        """A job's pods and the list's resourceVersion (the point in the watch stream the list reflects)."""
         self._count("list")
         resp = self.core.list_namespaced_pod(
             namespace, label_selector=f"{LABEL_JOB}={job}", _preload_content=False, _request_timeout=TIMEOUT
         )
-        return list(self._json(resp).get("items", []))
+        body = self._json(resp)
+        try:
+            version = int((body.get("metadata") or {}).get("resourceVersion") or 0)
+        except ValueError:
+            version = 0
+        return list(body.get("items", [])), version
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._count("get")

@@ -38,6 +38,8 @@ class Store:
         self._jobs: dict[Key, dict[str, Any]] = {}
         self._pods: dict[Key, dict[str, dict[str, Any]]] = {}
         self._listed: set[Key] = set()
+        self._list_rv: dict[Key, int] = {}  # the resourceVersion of the job's last pod list
+        self._events: dict[Key, int] = {}  # pod events applied per job (a list racing them is not trusted)
         self._expect: dict[Key, tuple[set[str], float]] = {}  # pending "add:<name>" / "del:<uid>", deadline
         self._clock = clock
 
@@ -75,6 +77,8 @@ class Store:
             self._pods.pop(key, None)
             self._listed.discard(key)
             self._expect.pop(key, None)
+            self._list_rv.pop(key, None)
+            self._events.pop(key, None)
 
     def invalidate(self) -> None:
         """Trust nothing about pods until each job's are listed again: after this replica was a standby (its
@@ -88,27 +92,42 @@ class Store:
     def put_pod(self, key: Key, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         with self._lock:
+            self._events[key] = self._events.get(key, 0) + 1
             pods = self._pods.setdefault(key, {})
             held = pods.get(meta["name"])
-            if held is None or held["metadata"].get("uid") != meta.get("uid") or _rv(pod) > _rv(held):
+            # resourceVersions grow across objects: a pod of an earlier attempt with the same name never replaces
+            # a newer one, and a late event of a pod the last list no longer had does not bring it back
+            stale = _rv(pod) <= self._list_rv.get(key, 0) if held is None else _rv(pod) <= _rv(held)
+            if not stale:
                 pods[meta["name"]] = copy.deepcopy(pod)
-            self._satisfy(key, f"add:{meta['name']}")
+                self._satisfy(key, f"add:{meta['name']}")
             if meta.get("deletionTimestamp"):
                 self._satisfy(key, f"del:{meta.get('uid')}")
 
     def delete_pod(self, key: Key, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         with self._lock:
+            self._events[key] = self._events.get(key, 0) + 1
             pods = self._pods.get(key, {})
             held = pods.get(meta["name"])
             if held is not None and held["metadata"].get("uid") == meta.get("uid"):
                 del pods[meta["name"]]
             self._satisfy(key, f"del:{meta.get('uid')}")
 
-    def replace_pods(self, key: Key, pods: list[dict[str, Any]]) -> None:
-        """What a list returned: from now on the job's pods may be served from memory."""
+    def events_seen(self, key: Key) -> int:
+        """A counter of the job's pod events; read it before a list and hand it to :meth:`replace_pods`."""
         with self._lock:
+            return self._events.get(key, 0)
+
+    def replace_pods(self, key: Key, pods: list[dict[str, Any]], *, version: int = 0, events_seen: int = 0) -> None:
+        """What a list (at resourceVersion ``version``) returned: from now on the job's pods may be served from
+        memory. If pod events were applied while the list was in flight, the list may be older than them: it is
+        not stored, and the next pass lists again."""
+        with self._lock:
+            if self._events.get(key, 0) != events_seen:
+                return
             self._pods[key] = {p["metadata"]["name"]: copy.deepcopy(p) for p in pods}
+            self._list_rv[key] = version
             self._listed.add(key)
 
     def pods(self, key: Key) -> list[dict[str, Any]] | None:

@@ -44,7 +44,8 @@ def test_pods_are_served_only_after_a_list() -> None:
     store = Store()
     store.put_pod(KEY, pod("ft-node-1", 10))
     assert store.pods(KEY) is None
-    store.replace_pods(KEY, [pod("ft-node-0", 9), pod("ft-node-1", 10)])
+    store.replace_pods(KEY, [pod("ft-node-0", 9), pod("ft-node-1", 10)], version=10,
+                       events_seen=store.events_seen(KEY))  # the list started after that event
     assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
     store.put_pod(KEY, {**pod("ft-node-0", 8), "status": {"phase": "Pending"}})  # older: ignored
     assert {p["status"]["phase"] for p in store.pods(KEY) or []} == {"Running"}
@@ -80,3 +81,30 @@ def test_changes_the_watch_delivered_before_the_pass_noted_them_are_not_waited_f
     assert names(store.pods(KEY)) == ["ft-node-0"]
     store.drop(KEY)
     assert store.pods(KEY) is None and store.job(KEY) is None
+
+
+def test_a_list_that_raced_pod_events_is_not_trusted() -> None:
+    """A pod failed (its event applied) while the list was in flight: the older list must not overwrite it."""
+    store = Store()
+    seen = store.events_seen(KEY)
+    store.put_pod(KEY, {**pod("ft-node-0", 12), "status": {"phase": "Failed"}})  # arrives during the list
+    store.replace_pods(KEY, [pod("ft-node-0", 11)], version=11, events_seen=seen)
+    assert store.pods(KEY) is None  # the next pass lists again
+    seen = store.events_seen(KEY)
+    store.replace_pods(KEY, [{**pod("ft-node-0", 12), "status": {"phase": "Failed"}}], version=13, events_seen=seen)
+    assert [p["status"]["phase"] for p in store.pods(KEY) or []] == ["Failed"]
+
+
+def test_a_late_event_of_an_earlier_attempts_pod_does_not_come_back() -> None:
+    """Gang restart: attempt k's pod is gone when the pods are listed; its delayed events must not resurrect it,
+    nor replace attempt k+1's pod of the same name, nor satisfy the wait for that pod."""
+    store = Store()
+    store.replace_pods(KEY, [], version=100)
+    store.expect(KEY, added=["ft-node-0"])
+    store.put_pod(KEY, pod("ft-node-0", 90, uid="old"))  # attempt k, terminating, delivered late
+    assert store.waiting(KEY) is not None and store.pods(KEY) is None
+    store.put_pod(KEY, pod("ft-node-0", 105, uid="new"))  # attempt k+1
+    assert store.waiting(KEY) is None
+    store.put_pod(KEY, pod("ft-node-0", 95, uid="old"))
+    store.delete_pod(KEY, pod("ft-node-0", 96, uid="old"))  # uid-guarded: the new pod stays
+    assert [p["metadata"]["uid"] for p in store.pods(KEY) or []] == ["new"]
