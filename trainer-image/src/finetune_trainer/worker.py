@@ -217,12 +217,8 @@ def params_checksum(model: Any) -> str:
     """A short digest of the trained weights: equal on every rank when DDP kept them in sync."""
     import torch
 
-    h = hashlib.sha256()
     with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            h.update(name.encode())
-            h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
+        return state_checksum({name: p.detach().cpu() for name, p in model.named_parameters()})
 
 
 def workload(
@@ -252,7 +248,7 @@ def mean_row_tokens(ds: Any) -> float:
 
 
 def state_checksum(state: dict[str, Any]) -> str:
-    """:func:`params_checksum` of a gathered (FSDP) state dict: equal on every rank."""
+    """A short digest of named CPU tensors: of the replica's parameters (DDP), or of the gathered state (FSDP)."""
     h = hashlib.sha256()
     for name, t in sorted(state.items(), key=lambda kv: kv[0]):
         h.update(name.encode())
