@@ -66,6 +66,16 @@ class Api:
         return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=timeout)
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        """One request on this thread's kept-alive connection; a GET whose connection the server dropped (a
+        loaded apiserver closes idle keep-alive connections) is sent once more on a new one."""
+        try:
+            return self._request(method, path, body)
+        except (OSError, http.client.HTTPException):
+            if method != "GET":
+                raise
+            return self._request(method, path, body)
+
+    def _request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = self.connection()

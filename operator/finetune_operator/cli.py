@@ -65,6 +65,10 @@ def run_operator(args: argparse.Namespace) -> int:
         settings = Settings(**{**settings.__dict__, "namespaces": tuple(args.namespace)})
     kopf.configure(log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.PLAIN,
                    verbose=args.verbose)
+    if not args.verbose:
+        # kopf logs every handled watch event ("Handler ... succeeded.") at INFO: a line per pod event, noise at
+        # scale and CPU; the operator logs its own state transitions. --verbose brings them back.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     controller = Controller(Kube(load_api_client(args.kubeconfig)), settings,
                             store=Store() if settings.watch_cache else None)
     _priority = _peering_priority()

@@ -7,7 +7,6 @@ requeues that a plan asked for (TTL expiry, deadlines, waiting timeouts, restart
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -16,16 +15,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from finetune_operator import admission
 from finetune_operator.admission import Observed
-from finetune_operator.k8s import Conflict, Kube
+from finetune_operator.k8s import Conflict, Kube, Rejected
 from finetune_operator.metrics import OperatorMetrics
 from finetune_operator.progress import parse_metrics
-from finetune_operator.reconcile import RUNNING, TERMINAL, Plan, create_rejected, decide
-from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, METRICS_PORT, Settings
-from finetune_operator.spec import SpecError, parse_spec
+from finetune_operator.reconcile import Plan, create_rejected, decide
+from finetune_operator.settings import METRICS_PORT, Settings
+from finetune_operator.state import Job, PodState, read_job, read_pods
+from finetune_operator.status import PENDING, RUNNING, STATES, TERMINAL, Progress
 from finetune_operator.store import Store
 
 log = logging.getLogger(__name__)
@@ -35,13 +33,6 @@ MAX_METRICS_BYTES = 1 << 20  # a trainer's page is a few KiB; never read an unbo
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _api_message(e: ApiException) -> str:
-    try:
-        return str(json.loads(e.body or "{}").get("message") or e.reason)
-    except (TypeError, ValueError):
-        return str(e.reason)
 
 
 def fetch_metrics(url: str, timeout: float = 2.0) -> str:
@@ -69,6 +60,7 @@ class Controller:
         self._locks: dict[Key, threading.Lock] = {}
         self._ns_locks: dict[str, threading.Lock] = {}
         self._due: dict[Key, float] = {}
+        self._dirty: set[Key] = set()  # jobs with a watch event that no pass has looked at yet
         self._states: dict[Key, str] = {}
         self._scraped: dict[Key, float] = {}
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
@@ -94,6 +86,7 @@ class Controller:
             self.store.drop(key)
         with self._guard:  # the lock itself stays: a pass may hold it or wait on it right now
             self._due.pop(key, None)
+            self._dirty.discard(key)
             self._states.pop(key, None)
             self._scraped.pop(key, None)
             self._passed.pop(key, None)
@@ -104,14 +97,44 @@ class Controller:
         with self._guard:
             for s in self._states.values():
                 counts[s] = counts.get(s, 0) + 1
-        for state in ("Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"):
+        for state in STATES:
             self.metrics.jobs.labels(state=state).set(counts.get(state, 0))
 
     # -- one pass ------------------------------------------------------------------------------------
 
+    def on_event(self, namespace: str, name: str) -> None:
+        """A watch event for this job: run a pass, coalescing. While a pass for the job runs, further events only
+        mark it dirty and return at once (freeing the watch's worker); the running pass then runs once more for all
+        of them. A burst of pod events (a gang's pods created, or starting together) costs two passes, not one per
+        event."""
+        key = (namespace, name)
+        with self._guard:
+            self._dirty.add(key)
+        lock = self._lock(key)
+        while lock.acquire(blocking=False):
+            try:
+                while True:
+                    with self._guard:
+                        if key not in self._dirty:
+                            break
+                        self._dirty.discard(key)
+                    self._reconcile_locked(key, None)
+            finally:
+                lock.release()
+            with self._guard:  # an event that came between the last check and the release
+                if key not in self._dirty:
+                    return
+
     def reconcile(self, namespace: str, name: str, job: dict[str, Any] | None = None) -> Plan | None:
         key = (namespace, name)
-        with self._lock(key), self.metrics.reconcile_seconds.time():
+        with self._lock(key):
+            with self._guard:
+                self._dirty.discard(key)  # this pass reads the newest state the store has
+            return self._reconcile_locked(key, job)
+
+    def _reconcile_locked(self, key: Key, job: dict[str, Any] | None) -> Plan | None:
+        namespace, name = key
+        with self.metrics.reconcile_seconds.time():
             try:
                 return self._reconcile(key, job)
             except Conflict as e:
@@ -144,30 +167,30 @@ class Controller:
             # that delivers the last of them starts the next pass (and a requeue covers one that never comes).
             self.requeue(key, wait)
             return None
-        status = job.get("status") or {}
-        admitting = status.get("state") not in TERMINAL and not status.get("attemptStartTime")
+        return self._pass(key, read_job(job))
+
+    def _pass(self, key: Key, job: Job) -> Plan | None:
+        status = job.status
+        admitting = status.state not in TERMINAL and status.attempt_start_time is None
         if admitting and (self.settings.max_nodes_per_namespace or self.settings.max_gpus_per_namespace):
             # Admission against namespace totals: one job of a namespace at a time, so two jobs cannot both
             # take the last GPUs (the first one's status write is visible to the second one's list).
-            with self._ns_lock(namespace):
-                return self._pass(key, job, self._observe(job, usage=True))
-        return self._pass(key, job, self._observe(job, usage=False) if admitting else Observed())
+            with self._ns_lock(key[0]):
+                return self._act(key, job, self._observe(job, usage=True))
+        return self._act(key, job, self._observe(job, usage=False) if admitting else Observed())
 
-    def _observe(self, job: dict[str, Any], *, usage: bool) -> Observed:
+    def _observe(self, job: Job, *, usage: bool) -> Observed:
         """Reads for the checks before an attempt starts: the claims the job mounts, the namespace's use."""
-        meta = job["metadata"]
-        try:
-            spec = parse_spec(job.get("spec") or {})
-        except (SpecError, KeyError, TypeError, ValueError):
+        if job.spec is None:
             return Observed()  # decide() reports the spec error
         claims = {}
-        for _, claim in admission.claims_to_check(meta["name"], spec):
-            pvc = self.kube.get_claim(meta["namespace"], claim)
+        for _, claim in admission.claims_to_check(job.ref.name, job.spec):
+            pvc = self.kube.get_claim(job.ref.namespace, claim)
             if pvc is not None:
                 claims[claim] = pvc
         # From the API server, not the store: after a start the store may not hold every job of the namespace yet,
         # and admission under namespace limits is rare.
-        held = admission.usage_of(self.kube.list_jobs(meta["namespace"]), exclude_uid=meta["uid"]) if usage else None
+        held = admission.usage_of(self.kube.list_jobs(job.ref.namespace), exclude_uid=job.ref.uid) if usage else None
         return Observed(claims=claims, usage=held)
 
     def _pods(self, key: Key) -> list[dict[str, Any]]:
@@ -183,30 +206,29 @@ class Controller:
         self.store.replace_pods(key, pods, version=version, events_seen=seen)
         return pods
 
-    def _pass(self, key: Key, job: dict[str, Any], observed: Observed) -> Plan | None:
+    def _act(self, key: Key, job: Job, observed: Observed) -> Plan | None:
         namespace, name = key
-        pods = self._pods(key)
+        pods = read_pods(self._pods(key))
         plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
                       observed=observed)
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
-                  plan.status.get("state"), len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
+                  plan.status.state, len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
 
         for obj in plan.create:
             try:
                 created = self.kube.create(obj)
-            except ApiException as e:
-                if e.status not in (400, 403, 422):
-                    raise
-                what = f"{obj['kind']} {obj['metadata']['name']}"
-                plan = create_rejected(job, what=what, code=int(e.status), message=_api_message(e), now=self.clock(),
-                                       pods=self.kube.list_pods(namespace, name))
+            except Rejected as e:
+                plan = create_rejected(job, read_pods(self.kube.list_pods(namespace, name)),
+                                       what=f"{obj['kind']} {obj['metadata']['name']}", code=e.code,
+                                       message=e.message, now=self.clock(), settings=self.settings)
                 break
             if created and obj["kind"] == "Pod":
                 self.metrics.pods_created.inc()
         if self.store is not None:
             self.store.expect(key, added=[o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"])
-        if plan.status != (job.get("status") or {}):
-            written = self.kube.replace_status(job, plan.status)
+        status = plan.status.to_wire()  # serialised once: the write, and the test for "nothing changed"
+        if status != job.wire_status:
+            written = self.kube.replace_status(job.wire, status)
             if self.store is not None and written:
                 self.store.put_job(written)  # its watch event is then an echo, not a reason for another pass
             self.metrics.status_writes.inc()
@@ -222,15 +244,15 @@ class Controller:
         if plan.restart_reason:
             self.metrics.restarts.labels(reason=plan.restart_reason).inc()
         for ev in plan.events:
-            self.kube.post_event(job, type_=ev.type, reason=ev.reason, message=ev.message)
+            self.kube.post_event(job.wire, type_=ev.type, reason=ev.reason, message=ev.message)
         if plan.delete_job:
             log.info("ttlSecondsAfterFinished passed: deleting %s/%s", namespace, name)
-            self.kube.delete_job(namespace, name, uid=job["metadata"]["uid"])
+            self.kube.delete_job(namespace, name, uid=job.ref.uid)
             self.forget(key)
             return plan
-        new_state = plan.status.get("state", "Pending")
-        if new_state != (job.get("status") or {}).get("state"):
-            log.info("%s/%s: %s -> %s", namespace, name, (job.get("status") or {}).get("state"), new_state)
+        new_state = plan.status.state or PENDING
+        if new_state != job.status.state:
+            log.info("%s/%s: %s -> %s", namespace, name, job.status.state, new_state)
         with self._guard:
             self._states[key] = new_state
         self._export_states()
@@ -238,25 +260,23 @@ class Controller:
             self.requeue(key, plan.requeue_after)
         return plan
 
-    def _scrape(self, key: Key, job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _scrape(self, key: Key, job: Job, pods: list[PodState]) -> Progress | None:
         """Rank 0's metrics for a running job, at most once per progress interval; a failed scrape is
         only logged (it never fails the job)."""
-        status = job.get("status") or {}
-        if status.get("state") != RUNNING or not self.settings.progress_interval_seconds:
+        if job.status.state != RUNNING or not self.settings.progress_interval_seconds or job.spec is None:
             return None
         now = time.monotonic()
         if now - self._scraped.get(key, -1e9) < self.settings.progress_interval_seconds:
             return None
-        attempt = str(status.get("attempt", 0))
-        rank0 = [p for p in pods if p["metadata"].get("labels", {}).get(LABEL_RANK) == "0"
-                 and p["metadata"]["labels"].get(LABEL_ATTEMPT) == attempt and (p.get("status") or {}).get("podIP")]
+        rank0 = [p for p in pods if p.rank == 0 and p.attempt == job.status.attempt and p.ip
+                 and p.owner_uid == job.ref.uid]
         if not rank0:
             return None
         self._scraped[key] = now
         self.requeue(key, self.settings.progress_interval_seconds)
-        url = f"http://{rank0[0]['status']['podIP']}:{METRICS_PORT}/metrics"
+        url = f"http://{rank0[0].ip}:{METRICS_PORT}/metrics"
         try:
-            return parse_metrics(self.fetch(url), nodes=int((job.get("spec") or {}).get("nodes", 1)))
+            return parse_metrics(self.fetch(url), nodes=job.spec.nodes)
         except Exception as e:  # a scrape failure never fails the job
             log.debug("%s/%s: scraping %s failed: %s", key[0], key[1], url, e)
             return None

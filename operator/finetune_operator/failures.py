@@ -43,6 +43,12 @@ class Failure:
                 out[key] = value
         return out
 
+    @classmethod
+    def from_status(cls, d: dict[str, Any]) -> Failure:
+        """The ``status.failure`` a pass wrote (what is not on the wire reads as its default)."""
+        return cls(reason=str(d.get("reason") or ""), message=str(d.get("message") or ""), rank=d.get("rank"),
+                   attempt=d.get("attempt"), exit_code=d.get("exitCode"), pod_name=d.get("podName"))
+
 
 @dataclass(frozen=True)
 class WaitingProblem:

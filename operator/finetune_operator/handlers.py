@@ -74,7 +74,7 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
             return
         if store is not None and not store.put_job(_plain(body)):
             return  # the echo of this operator's own status write (or an older version): nothing new
-        controller.reconcile(ns, name)
+        controller.on_event(ns, name)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
     def pod_event(type: str, body: kopf.Body, **_: Any) -> None:
@@ -88,6 +88,11 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
                 store.delete_pod(key, _plain(body))
             else:
                 store.put_pod(key, _plain(body))
-        controller.reconcile(*key)
+            if (wait := store.waiting(key)) is not None:
+                # More of the pods the last pass created or deleted are on their way: the event that brings the last
+                # of them runs the pass (the requeue covers one that never comes).
+                controller.requeue(key, wait)
+                return
+        controller.on_event(*key)
 
     return registry

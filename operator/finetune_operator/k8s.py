@@ -33,8 +33,39 @@ def _release(resp: Any) -> None:
     resp.release_conn()
 
 
-class Conflict(Exception):
-    """The object changed since it was read; recompute from a fresh read."""
+class ApiError(Exception):
+    """A request the API server answered with an error (or that failed on the way); the controller sees only this
+    module's exceptions, never the client library's."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"({code}) {message}")
+        self.code = code
+        self.message = message
+
+
+class Conflict(ApiError):
+    """The object changed since it was read (or is gone); recompute from a fresh read."""
+
+
+class Rejected(ApiError):
+    """The API server refused an object the operator built: invalid (400, 422) or forbidden (403: quota, Pod
+    Security admission, RBAC)."""
+
+
+def _message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except (TypeError, ValueError):
+        return str(e.reason)
+
+
+def _mapped(e: ApiException, *, conflict: tuple[int, ...] = ()) -> ApiError:
+    code = int(e.status or 0)
+    if code in conflict:
+        return Conflict(code, _message(e))
+    if code in (400, 403, 422):
+        return Rejected(code, _message(e))
+    return ApiError(code, _message(e))
 
 
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -68,58 +99,49 @@ class Kube:
     def _json(resp: Any) -> dict[str, Any]:
         return dict(json.loads(resp.data))
 
+    def _request(self, verb: str, call: Any, *args: Any, ok: tuple[int, ...] = (), conflict: tuple[int, ...] = (),
+                 **kwargs: Any) -> Any | None:
+        """One request, counted and with the timeout, its raw response returned (None for an answer in ``ok``:
+        404 for "already gone", 409 for "already exists"); any other error raised as this module's own."""
+        self._count(verb)
+        try:
+            return call(*args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs)
+        except ApiException as e:
+            if e.status in ok:
+                return None
+            raise _mapped(e, conflict=conflict) from e
+
+    def _read(self, call: Any, *args: Any, verb: str = "get", absent_ok: bool = True) -> dict[str, Any] | None:
+        resp = self._request(verb, call, *args, ok=(404,) if absent_ok else ())
+        return None if resp is None else self._json(resp)
+
     # -- reads ---------------------------------------------------------------------------------------
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self._count("get")
-        try:
-            return self._json(
-                self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False, _request_timeout=TIMEOUT
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._read(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
     def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        self._count("list")
         if namespace:
-            resp = self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, _preload_content=False, _request_timeout=TIMEOUT
-            )
+            body = self._read(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                              verb="list", absent_ok=False)
         else:
-            resp = self.custom.list_cluster_custom_object(
-                GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=TIMEOUT
-            )
-        return list(self._json(resp).get("items", []))
+            body = self._read(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, verb="list",
+                              absent_ok=False)
+        return list((body or {}).get("items", []))
 
     def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """kopf's peering object: KopfPeering in a namespace, or the ClusterKopfPeering."""
-        self._count("get")
-        try:
-            if namespace:
-                resp = self.custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name,
-                                                                _preload_content=False, _request_timeout=TIMEOUT)
-            else:
-                resp = self.custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name,
-                                                             _preload_content=False, _request_timeout=TIMEOUT)
-            return self._json(resp)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        if namespace:
+            return self._read(self.custom.get_namespaced_custom_object, "kopf.dev", "v1", namespace, "kopfpeerings",
+                              name)
+        return self._read(self.custom.get_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", name)
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return self.list_pods_at(namespace, job)[0]
 
     def list_pods_at(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], int]:
         """A job's pods and the list's resourceVersion (the point in the watch stream the list reflects)."""
-        self._count("list")
-        resp = self.core.list_namespaced_pod(
-            namespace, label_selector=f"{LABEL_JOB}={job}", _preload_content=False, _request_timeout=TIMEOUT
-        )
+        resp = self._request("list", self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_JOB}={job}")
         body = self._json(resp)
         try:
             version = int((body.get("metadata") or {}).get("resourceVersion") or 0)
@@ -128,21 +150,13 @@ class Kube:
         return list(body.get("items", [])), version
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self._count("get")
-        try:
-            return self._json(self.core.read_namespaced_persistent_volume_claim(
-                name, namespace, _preload_content=False, _request_timeout=TIMEOUT))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._read(self.core.read_namespaced_persistent_volume_claim, name, namespace)
 
     # -- writes --------------------------------------------------------------------------------------
 
     def create(self, obj: dict[str, Any]) -> bool:
-        """Create a job's child (Pod, Service, ConfigMap, claim, PDB); False when it already exists."""
-        self._count("create")
-        ns = obj["metadata"]["namespace"]
+        """Create a job's child (Pod, Service, ConfigMap, claim, PDB); False when it already exists. An object the
+        API server refuses raises :class:`Rejected`."""
         create: Any = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
@@ -150,56 +164,38 @@ class Kube:
             "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
             "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
         }[obj["kind"]]
-        try:
-            _release(create(ns, obj, _preload_content=False, _request_timeout=TIMEOUT))
-            return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
+        resp = self._request("create", create, obj["metadata"]["namespace"], obj, ok=(409,))
+        if resp is None:
+            return False
+        _release(resp)
+        return True
 
     def delete_pod(self, namespace: str, name: str, *, uid: str, grace_seconds: int | None) -> bool:
         """Delete exactly this pod (uid precondition: never a newer pod of the same name)."""
-        self._count("delete")
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), grace_period_seconds=grace_seconds)
-        try:
-            _release(
-                self.core.delete_namespaced_pod(
-                    name, namespace, body=body, _preload_content=False, _request_timeout=TIMEOUT
-                )
-            )
-            return True
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise
+        resp = self._request("delete", self.core.delete_namespaced_pod, name, namespace, body=body, ok=(404, 409))
+        if resp is None:
+            return False
+        _release(resp)
+        return True
 
     def delete_object(self, kind: str, namespace: str, name: str) -> None:
         """Delete a job's non-pod child (its PodDisruptionBudget); gone already is fine."""
-        self._count("delete")
         delete: Any = {"PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget}[kind]
-        try:
-            _release(delete(name, namespace, _preload_content=False, _request_timeout=TIMEOUT))
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        resp = self._request("delete", delete, name, namespace, ok=(404,))
+        if resp is not None:
+            _release(resp)
 
     def delete_job(self, namespace: str, name: str, *, uid: str) -> None:
-        self._count("delete")
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background")
-        try:
-            _release(
-                self.custom.delete_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, body=body, _preload_content=False, _request_timeout=TIMEOUT
-                )
-            )
-        except ApiException as e:
-            if e.status not in (404, 409):
-                raise
+        resp = self._request("delete", self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                             name, body=body, ok=(404, 409))
+        if resp is not None:
+            _release(resp)
 
     def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """PUT the status subresource with the job's resourceVersion (optimistic concurrency)."""
-        self._count("update")
+        """PUT the status subresource with the job's resourceVersion (optimistic concurrency): a job changed or
+        deleted since it was read raises :class:`Conflict`."""
         meta = job["metadata"]
         body = {
             "apiVersion": job["apiVersion"],
@@ -212,27 +208,12 @@ class Kube:
             "spec": job.get("spec"),
             "status": status,
         }
-        try:
-            return self._json(
-                self.custom.replace_namespaced_custom_object_status(
-                    GROUP,
-                    VERSION,
-                    meta["namespace"],
-                    PLURAL,
-                    meta["name"],
-                    body,
-                    _preload_content=False,
-                    _request_timeout=TIMEOUT,
-                )
-            )
-        except ApiException as e:
-            if e.status in (404, 409):
-                raise Conflict(f"{meta['namespace']}/{meta['name']}: {e.reason}") from e
-            raise
+        resp = self._request("update", self.custom.replace_namespaced_custom_object_status, GROUP, VERSION,
+                             meta["namespace"], PLURAL, meta["name"], body, conflict=(404, 409))
+        return self._json(resp)
 
     def post_event(self, job: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the job (what `kubectl describe ftj` shows); failures are only logged."""
-        self._count("create")
         meta = job["metadata"]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         event: Any = {
@@ -257,10 +238,6 @@ class Kube:
             "count": 1,
         }
         try:
-            _release(
-                self.core.create_namespaced_event(
-                    meta["namespace"], event, _preload_content=False, _request_timeout=TIMEOUT
-                )
-            )
-        except ApiException as e:
-            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e.reason)
+            _release(self._request("create", self.core.create_namespaced_event, meta["namespace"], event))
+        except ApiError as e:
+            log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)

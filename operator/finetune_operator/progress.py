@@ -11,27 +11,30 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from finetune_operator.status import Progress
+
 GAUGES = {
     "finetune_train_step": "step",
-    "finetune_train_total_steps": "totalSteps",
+    "finetune_train_total_steps": "total_steps",
     "finetune_train_epoch": "epoch",
     "finetune_train_loss": "loss",
-    "finetune_train_samples_per_second": "samplesPerSecond",
-    "finetune_train_tokens_per_second": "tokensPerSecond",
-    "finetune_train_eta_seconds": "etaSeconds",
-    "finetune_checkpoint_last_step": "lastCheckpointStep",
+    "finetune_train_samples_per_second": "samples_per_second",
+    "finetune_train_tokens_per_second": "tokens_per_second",
+    "finetune_train_eta_seconds": "eta_seconds",
+    "finetune_checkpoint_last_step": "last_checkpoint_step",
     "finetune_train_mfu": "mfu",
-    "finetune_time_to_first_step_seconds": "timeToFirstStepSeconds",
-    "finetune_train_warmup_seconds": "warmupSeconds",
-    "finetune_rendezvous_duration_seconds": "rendezvousSeconds",
-    "finetune_eval_loss": "evalLoss",
-    "finetune_eval_perplexity": "evalPerplexity",
-    "finetune_eval_accuracy": "evalAccuracy",
-    "finetune_eval_f1": "evalF1",
+    "finetune_time_to_first_step_seconds": "time_to_first_step_seconds",
+    "finetune_train_warmup_seconds": "warmup_seconds",
+    "finetune_rendezvous_duration_seconds": "rendezvous_seconds",
+    "finetune_eval_loss": "eval_loss",
+    "finetune_eval_perplexity": "eval_perplexity",
+    "finetune_eval_accuracy": "eval_accuracy",
+    "finetune_eval_f1": "eval_f1",
 }
-SET_ONCE = {"timeToFirstStepSeconds", "warmupSeconds", "rendezvousSeconds"}  # 0 until the trainer knows them: leave out
-INTEGER_FIELDS = {"step", "totalSteps", "etaSeconds", "lastCheckpointStep"}
-PER_NODE_RATES = {"samplesPerSecond", "tokensPerSecond"}
+# 0 until the trainer knows them: left out until then
+SET_ONCE = {"time_to_first_step_seconds", "warmup_seconds", "rendezvous_seconds"}
+INTEGER_FIELDS = {"step", "total_steps", "eta_seconds", "last_checkpoint_step"}
+PER_NODE_RATES = {"samples_per_second", "tokens_per_second"}
 
 
 def human_duration(seconds: float) -> str:
@@ -48,8 +51,9 @@ def human_duration(seconds: float) -> str:
     return f"{s}s"
 
 
-def parse_metrics(text: str, *, nodes: int) -> dict[str, Any]:
-    """The progress fields found in a trainer's /metrics page (missing or NaN values are left out)."""
+def parse_metrics(text: str, *, nodes: int) -> Progress | None:
+    """The progress fields found in a trainer's /metrics page (missing or NaN values are left out); None before the
+    trainer's training loop has started."""
     out: dict[str, Any] = {}
     for family in text_string_to_metric_families(text):
         field = GAUGES.get(family.name)
@@ -61,18 +65,18 @@ def parse_metrics(text: str, *, nodes: int) -> dict[str, Any]:
         if field in PER_NODE_RATES:
             value *= nodes
         out[field] = int(value) if field in INTEGER_FIELDS else round(value, 4)
-    if not out.get("totalSteps"):
-        return {}  # the trainer has not started its training loop yet: no progress to report
-    if "step" in out and "totalSteps" in out:
-        out["stepOfTotal"] = f"{out['step']}/{out['totalSteps']}"
-    if "etaSeconds" in out:
-        out["eta"] = human_duration(out["etaSeconds"])
-    return out
+    if not out.get("total_steps"):
+        return None  # the trainer has not started its training loop yet: no progress to report
+    if "step" in out:
+        out["step_of_total"] = f"{out['step']}/{out['total_steps']}"
+    if "eta_seconds" in out:
+        out["eta"] = human_duration(out["eta_seconds"])
+    return Progress(**out)
 
 
-def steps_lost(progress: dict[str, Any]) -> int:
+def steps_lost(progress: Progress) -> int:
     """Steps that a restart now throws away: trained since the newest complete checkpoint."""
-    return max(0, int(progress.get("step", 0)) - int(progress.get("lastCheckpointStep", 0)))
+    return max(0, (progress.step or 0) - (progress.last_checkpoint_step or 0))
 
 
 def attempt_gpu_seconds(*, seconds: float, gpus_per_node: int, nodes: int) -> float:

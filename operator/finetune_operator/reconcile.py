@@ -3,19 +3,23 @@
 Level-based: every pass compares what exists with what the spec wants, so a lost event or an
 operator restart converges by itself. The gang never overlaps attempts: the failed attempt's pods are
 deleted and must be gone before the next attempt is created under the same names.
+
+A pass walks the phases in order, each a small function over the typed state (state.Job, state.Gang,
+status.Status): a finished job stays finished; a spec the operator will not run is refused; a suspended job
+holds no pods; the deadline; an earlier attempt's pods go first; an attempt not created yet is admitted and
+created; a created one is watched for failure, success, running, or ranks that wait.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from finetune_operator import admission, guardrails
 from finetune_operator.admission import Observed
 from finetune_operator.builders import (
-    JobRef,
     build_config_map,
     build_output_claim,
     build_pdb,
@@ -23,15 +27,25 @@ from finetune_operator.builders import (
     build_service,
     pod_name,
 )
-from finetune_operator.failures import Failure, classify_pod, waiting_problem
+from finetune_operator.failures import Failure
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
-from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK, Settings
-from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
+from finetune_operator.settings import LABEL_RANK, Settings
+from finetune_operator.spec import JobSpec
+from finetune_operator.state import Gang, Job, PodState
+from finetune_operator.status import (
+    CREATED,
+    FAILED,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+    TERMINAL,
+    Progress,
+    Status,
+    merge_progress,
+)
 
-# Job states (status.state), also the printer column.
-PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
-SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
-TERMINAL = (SUCCEEDED, FAILED)
 QUOTA_RETRY_SECONDS = 30.0  # a job waiting for quota or a namespace limit tries again this often
 
 
@@ -53,7 +67,7 @@ class PodDelete:
 class Plan:
     """What one reconcile pass should do, in order: creates, deletes, status, events."""
 
-    status: dict[str, Any]
+    status: Status
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[PodDelete] = field(default_factory=list)
     delete_objects: list[tuple[str, str]] = field(default_factory=list)  # (kind, name): the gang's PDB
@@ -63,459 +77,364 @@ class Plan:
     restart_reason: str | None = None  # for the operator's restarts-by-reason metric
 
 
-def ts(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+@dataclass
+class _Pass:
+    """One decision in the making: the job as read, the status being written, the plan."""
 
+    job: Job
+    now: datetime
+    settings: Settings
+    plan: Plan
 
-def parse_ts(s: str | None) -> datetime | None:
-    if not s:
-        return None
-    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    @property
+    def st(self) -> Status:
+        return self.plan.status
 
+    @property
+    def was(self) -> str | None:
+        return self.job.status.state
 
-def set_condition(status: dict[str, Any], ctype: str, value: bool, reason: str, message: str,
-                  *, now: datetime, generation: int, record_false: bool = False) -> None:
-    """Set one condition; lastTransitionTime moves only when its status flips."""
-    conds: list[dict[str, Any]] = status.setdefault("conditions", [])
-    new_status = "True" if value else "False"
-    message = message[:1024]
-    for c in conds:
-        if c["type"] == ctype:
-            if c.get("status") != new_status:
-                c["lastTransitionTime"] = ts(now)
-            c.update(status=new_status, reason=reason, message=message, observedGeneration=generation)
+    def transition(self, state: str, reason: str, message: str, *, warning: bool = False,
+                   always_event: bool = False) -> None:
+        self.st.set_state(state, now=self.now, reason=reason, message=message)
+        if self.was != state or always_event:
+            self.event("Warning" if warning else "Normal", reason, message)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.plan.events.append(Event(type_, reason, message))
+
+    def delete(self, pods: list[PodState], *, keep: str | None = None) -> None:
+        """Delete pods; a pod already deleting whose deadline passed long ago is force-deleted (its node no longer
+        answers, so nothing else will ever finish the deletion)."""
+        force_after = timedelta(seconds=self.settings.restart_force_delete_after_seconds)
+        for p in pods:
+            if p.name == keep:
+                continue
+            if p.deletion is None:
+                self.plan.delete.append(PodDelete(p.name, p.uid))
+            elif self.now > p.deletion + force_after:
+                self.plan.delete.append(PodDelete(p.name, p.uid, grace_seconds=0))
+
+    def ttl(self) -> None:
+        ttl, done = self.job.ttl_seconds_after_finished, self.st.completion_time
+        if ttl is None or done is None:
             return
-    if not value and not record_false:
-        return  # an absent condition already reads as False: write nothing
-    conds.append({"type": ctype, "status": new_status, "reason": reason, "message": message,
-                  "lastTransitionTime": ts(now), "observedGeneration": generation})
+        remaining = float(ttl) - (self.now - done).total_seconds()
+        if remaining <= 0:
+            self.plan.delete_job = True
+        else:
+            self.plan.requeue_after = remaining
 
 
-def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    for c in status.get("conditions", []):
-        if c["type"] == ctype:
-            return dict(c)
-    return None
+def decide(job: Job, pods: list[PodState], *, now: datetime, settings: Settings, progress: Progress | None = None,
+           observed: Observed | None = None) -> Plan:
+    """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped);
+    ``observed`` is what the controller read for the checks before an attempt starts (claims, namespace use)."""
+    st = copy.deepcopy(job.status)
+    st.observed_generation = job.generation
+    p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st))
+    _decide(p, Gang.of(pods, uid=job.ref.uid, attempt=st.attempt), progress, observed or Observed())
+    # The gang's PodDisruptionBudget lives while the job can run: it goes when the job stops or finishes.
+    if job.pdb_enabled and st.state != p.was and st.state in (*TERMINAL, SUSPENDED):
+        p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
+    return p.plan
 
 
-def _owned_by(pod: dict[str, Any], uid: str) -> bool:
-    return any(o.get("uid") == uid and o.get("controller") for o in pod["metadata"].get("ownerReferences") or [])
+def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed) -> None:
+    if gang.foreign:
+        p.plan.requeue_after = 2.0  # a namesake's pods: the garbage collector removes them, look again
+    if p.was in TERMINAL:
+        _stay_finished(p, gang)
+        return
+    spec = p.job.spec
+    if spec is None:
+        p.st.ready_nodes = p.st.wanted_nodes = 0
+        _refuse(p, gang.mine, reason="InvalidSpec", message=p.job.spec_error or "invalid spec")
+        return
+    violation = guardrails.check(spec, p.settings)
+    if violation is not None:
+        _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
+        return
+    p.st.ready_nodes, p.st.wanted_nodes = gang.running, spec.nodes
+    if spec.suspend:
+        _suspend(p, spec, gang)
+    elif _deadline_passed(p, spec, gang):
+        pass
+    elif gang.stale:
+        _clean_up(p, gang)
+    elif p.st.attempt_start_time is None:
+        _start_attempt(p, spec, gang, observed)
+    else:
+        _watch_attempt(p, spec, gang, progress)
 
 
-def _attempt_of(pod: dict[str, Any]) -> int:
-    try:
-        return int(pod["metadata"]["labels"][LABEL_ATTEMPT])
-    except (KeyError, ValueError):
-        return -1
+# -- the phases -------------------------------------------------------------------------------------------------
+
+def _stay_finished(p: _Pass, gang: Gang) -> None:
+    """A finished job stays finished whatever its spec says now; its unfinished pods go (the failed rank's pod
+    is kept for its logs), and the TTL runs."""
+    keep = p.st.failure.pod_name if p.was == FAILED and p.st.failure else None
+    p.delete([pod for pod in gang.mine if not pod.finished], keep=keep)
+    p.ttl()
 
 
-def _rank_of(pod: dict[str, Any]) -> int:
-    try:
-        return int(pod["metadata"]["labels"][LABEL_RANK])
-    except (KeyError, ValueError):
-        return -1
+def _suspend(p: _Pass, spec: JobSpec, gang: Gang) -> None:
+    """spec.suspend: the pods go; the next attempt starts when resumed."""
+    if p.was != SUSPENDED and p.st.attempt_start_time is not None:
+        _close_attempt(p, spec, restarted=False)
+        p.st.attempt += 1
+        p.st.attempt_start_time = None
+    p.delete(gang.mine)
+    p.st.ready_nodes = 0
+    p.transition(SUSPENDED, "Suspended", "spec.suspend is true: trainer pods deleted")
 
 
-def _phase(pod: dict[str, Any]) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
+def _deadline_passed(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
+    """spec.activeDeadlineSeconds, counted from startTime (resuming restarts the clock)."""
+    started = p.st.start_time
+    if not spec.active_deadline_seconds or started is None or p.was == SUSPENDED:
+        return False
+    remaining = spec.active_deadline_seconds - (p.now - started).total_seconds()
+    if remaining > 0:
+        p.plan.requeue_after = remaining
+        return False
+    _close_attempt(p, spec, restarted=False)
+    _fail(p, gang.mine, Failure("DeadlineExceeded", "the job was active longer than "
+                                f"spec.activeDeadlineSeconds={spec.active_deadline_seconds}"), keep=None)
+    return True
 
 
-def _deleting(pod: dict[str, Any]) -> bool:
-    return bool(pod["metadata"].get("deletionTimestamp"))
+def _clean_up(p: _Pass, gang: Gang) -> None:
+    """The previous attempt's pods must be gone before the next attempt is created under the same names."""
+    p.delete(gang.stale)
+    if p.was not in (RESTARTING, SUSPENDED):
+        p.transition(RESTARTING, "CleaningUp", "waiting for pods of an earlier attempt to terminate")
+    else:
+        p.st.state = RESTARTING
+    p.plan.requeue_after = 2.0
 
 
-def _finished(pod: dict[str, Any]) -> bool:
-    return _phase(pod) in ("Succeeded", "Failed")
+def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> None:
+    """Admit the attempt (claims, namespace totals) and create all its missing ranks at once."""
+    st, now = p.st, p.now
+    # Waiting for quota: retry on the clock, not on every pod event (a refused gang's own deletions would
+    # otherwise re-trigger creation at once, a retry storm against the API server).
+    if st.admission_retry_time is not None and now < st.admission_retry_time:
+        p.plan.requeue_after = (st.admission_retry_time - now).total_seconds()
+        return
+    if any(pod.deleting for pod in gang.current):  # the ranks of a refused creation are still going
+        p.plan.requeue_after = 1.0
+        return
+    claims = admission.check_claims(p.job.ref.name, spec, observed.claims)
+    if claims is not None:
+        _refuse(p, gang.mine, reason=claims.reason, message=claims.message)
+        return
+    over = admission.check_namespace(spec, observed.usage, p.settings)
+    if over is not None and over.permanent:
+        _refuse(p, gang.mine, reason=over.violation.reason, message=over.violation.message)
+        return
+    if over is not None:
+        _wait_quota(p, over.violation.message)
+        return
+    ref, present = p.job.ref, gang.ranks
+    missing = [pod for pod in build_pods(ref, spec, attempt=st.attempt, settings=p.settings)
+               if _rank_label(pod) not in present]  # creation tolerates "already exists"
+    extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec)) if o is not None]
+    p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
+    st.attempt_start_time = now
+    st.admission_retry_time = None
+    if p.was == SUSPENDED or st.start_time is None:
+        st.start_time = now  # as a Kubernetes Job: the deadline restarts when resumed
+    if st.restart_requested_time is not None:
+        st.last_restart_gap_seconds = round((now - st.restart_requested_time).total_seconds(), 3)
+        st.restart_requested_time = None
+    st.set_condition("Created", True, "PodsCreated", f"attempt {st.attempt}: {spec.nodes} trainer pod(s) created",
+                     now=now)
+    st.set_condition("Suspended", False, "Resumed", "spec.suspend is false", now=now)
+    st.state = CREATED  # Restarting stays True until every rank of the new attempt runs
+    p.event("Normal", "PodsCreated", f"attempt {st.attempt}: created {spec.nodes} trainer pod(s) "
+            f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))")
 
 
-def _running(pod: dict[str, Any]) -> bool:
-    return _phase(pod) == "Running" and not _deleting(pod)
+def _rank_label(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["labels"][LABEL_RANK])
 
 
-def _delete_all(pods: list[dict[str, Any]], *, keep: str | None = None, now: datetime,
-                settings: Settings) -> list[PodDelete]:
-    """Delete pods; a pod already deleting whose deadline passed long ago is force-deleted
-    (its node no longer answers, so nothing else will ever finish the deletion)."""
-    out = []
-    for p in pods:
-        meta = p["metadata"]
-        if meta["name"] == keep:
-            continue
-        deadline = parse_ts(meta.get("deletionTimestamp"))
-        if deadline is None:
-            out.append(PodDelete(meta["name"], meta["uid"]))
-        elif now > deadline + timedelta(seconds=settings.restart_force_delete_after_seconds):
-            out.append(PodDelete(meta["name"], meta["uid"], grace_seconds=0))
-    return out
+def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | None) -> None:
+    """The attempt's pods exist: the first failure restarts or fails the gang; all ranks done is success; all
+    running is Running (with the scraped progress); otherwise some ranks wait, and the status says why."""
+    st = p.st
+    failure = _first_failure(p, spec, gang)
+    if failure is not None:
+        _restart_or_fail(p, spec, gang.current, failure)
+    elif len(gang.current) == spec.nodes and gang.succeeded == spec.nodes:
+        _close_attempt(p, spec, restarted=False)
+        if st.progress is not None:
+            st.progress = replace(st.progress, eta_seconds=0, eta="0s")
+        st.completion_time = p.now
+        st.ready_nodes = 0
+        p.transition(SUCCEEDED, "AllRanksSucceeded", f"all {spec.nodes} rank(s) exited 0 in attempt {st.attempt}")
+        p.ttl()
+    elif gang.running and gang.running + gang.succeeded == spec.nodes:
+        if progress is not None:
+            st.progress = merge_progress(st.progress, progress, now=p.now)
+        p.transition(RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods "
+                     "running")
+    else:
+        _ranks_wait(p, spec, gang)
 
 
-def _set_state(st: dict[str, Any], state: str, *, now: datetime, gen: int, reason: str, message: str) -> None:
-    st["state"] = state
-    set_condition(st, "Running", state == RUNNING, reason if state != RUNNING else "AllRanksRunning",
-                  message, now=now, generation=gen)
-    set_condition(st, "Restarting", state == RESTARTING, reason, message, now=now, generation=gen)
-    set_condition(st, "Suspended", state == SUSPENDED, reason, message, now=now, generation=gen)
-    if state == SUCCEEDED:
-        set_condition(st, "Succeeded", True, reason, message, now=now, generation=gen)
-    if state == FAILED:
-        set_condition(st, "Failed", True, reason, message, now=now, generation=gen)
+def _first_failure(p: _Pass, spec: JobSpec, gang: Gang) -> Failure | None:
+    """The earliest failure of the attempt is the cause (its peers follow it); a missing rank is a disruption."""
+    found: list[tuple[str, int, Failure, str | None]] = [
+        (pod.failure.finished_at or "", pod.rank, pod.failure, pod.name) for pod in gang.current if pod.failure]
+    for r in sorted(set(range(spec.nodes)) - gang.ranks):
+        found.append(("~", r, Failure("PodDeleted", f"pod {pod_name(p.job.ref.name, r)} disappeared while the "
+                                      "attempt ran", disruption=True), None))
+    if not found:
+        return None
+    _, rank, failure, failed_pod = min(found, key=lambda x: (x[0], x[1]))
+    return failure.with_rank(rank, p.st.attempt, failed_pod)
 
 
-def _close_attempt(st: dict[str, Any], spec: JobSpec, *, now: datetime, restarted: bool) -> None:
+def _ranks_wait(p: _Pass, spec: JobSpec, gang: Gang) -> None:
+    """Some ranks are not running yet: say why; image and config problems fail the job after a bounded wait."""
+    st = p.st
+    st.state = CREATED if p.was != RESTARTING else p.was
+    problems = sorted(((pod.rank, pod.waiting) for pod in gang.current if pod.waiting is not None),
+                      key=lambda x: x[0])
+    if not problems:
+        return
+    rank, problem = problems[0]
+    waited = (p.now - (st.attempt_start_time or p.now)).total_seconds()
+    if problem.fatal and waited >= p.settings.waiting_timeout_seconds:
+        failure = Failure(problem.reason, f"rank {rank} waited {waited:.0f}s: {problem.message}").with_rank(
+            rank, st.attempt, pod_name(p.job.ref.name, rank))
+        _close_attempt(p, spec, restarted=False)
+        _fail(p, gang.current, failure, keep=None)
+        return
+    before = p.job.status.condition("Created")
+    st.set_condition("Created", True, problem.reason, f"rank {rank}: {problem.message}", now=p.now)
+    if before is None or before.reason != problem.reason:
+        p.event("Warning", problem.reason, f"rank {rank}: {problem.message}")
+    if problem.fatal:
+        p.plan.requeue_after = max(1.0, p.settings.waiting_timeout_seconds - waited)
+
+
+# -- endings ----------------------------------------------------------------------------------------------------
+
+def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
     """Account the attempt that ends now: GPU-seconds used and, for a restart, the work thrown away."""
-    started = parse_ts(st.get("attemptStartTime"))
-    if started is None:
+    st = p.st
+    if st.attempt_start_time is None:
         return
-    seconds = (now - started).total_seconds()
-    st["gpuSecondsUsed"] = round(float(st.get("gpuSecondsUsed", 0)) + attempt_gpu_seconds(
+    seconds = (p.now - st.attempt_start_time).total_seconds()
+    st.gpu_seconds_used = round((st.gpu_seconds_used or 0) + attempt_gpu_seconds(
         seconds=seconds, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes), 3)
-    progress = st.get("progress")
-    if not restarted or not progress:
+    if not restarted or st.progress is None:
         return
-    lost = steps_lost(progress)
-    progress["stepsLostToRestarts"] = int(progress.get("stepsLostToRestarts", 0)) + lost
+    lost = steps_lost(st.progress)
+    st.progress = replace(st.progress, steps_lost_to_restarts=(st.progress.steps_lost_to_restarts or 0) + lost)
     global_batch = spec.training.per_device_batch_size * spec.world_size * spec.training.gradient_accumulation_steps
-    steps_per_second = float(progress.get("samplesPerSecond", 0)) / max(1, global_batch)
+    steps_per_second = (st.progress.samples_per_second or 0) / max(1, global_batch)
     if lost and steps_per_second > 0:
-        st["gpuSecondsLost"] = round(float(st.get("gpuSecondsLost", 0)) + attempt_gpu_seconds(
+        st.gpu_seconds_lost = round((st.gpu_seconds_lost or 0) + attempt_gpu_seconds(
             seconds=lost / steps_per_second, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes), 3)
 
 
-def merge_progress(old: dict[str, Any] | None, scraped: dict[str, Any], *, now: datetime) -> dict[str, Any]:
-    """Scraped fields over the old ones; updateTime moves only when something else changed (no idle writes)."""
-    base = dict(old or {})
-    merged = {**base, **scraped}
-    if {k: v for k, v in merged.items() if k != "updateTime"} != {k: v for k, v in base.items() if k != "updateTime"}:
-        merged["updateTime"] = ts(now)
-    return merged
-
-
-def decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, settings: Settings,
-           progress: dict[str, Any] | None = None, observed: Observed | None = None) -> Plan:
-    """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped);
-    ``observed`` is what the controller read for the checks before an attempt starts (claims, namespace use)."""
-    plan = _decide(job, pods, now=now, settings=settings, progress=progress, observed=observed or Observed())
-    # The gang's PodDisruptionBudget lives while the job can run: it goes when the job stops or finishes.
-    old_state, new_state = (job.get("status") or {}).get("state"), plan.status.get("state")
-    pdb = ((job.get("spec") or {}).get("podDisruptionBudget") or {}).get("enabled")
-    if pdb and new_state != old_state and new_state in (*TERMINAL, SUSPENDED):
-        plan.delete_objects.append(("PodDisruptionBudget", job["metadata"]["name"]))
-    return plan
-
-
-def _decide(job: dict[str, Any], pods: list[dict[str, Any]], *, now: datetime, settings: Settings,
-            progress: dict[str, Any] | None, observed: Observed) -> Plan:
-    meta = job["metadata"]
-    ref = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
-    gen = int(meta.get("generation", 1))
-    old = job.get("status") or {}
-    st = copy.deepcopy(old)
-    st["observedGeneration"] = gen
-    plan = Plan(status=st)
-    prev_state = old.get("state")
-
-    def transition(state: str, reason: str, message: str, *, event_type: str = "Normal",
-                   always_event: bool = False) -> None:
-        _set_state(st, state, now=now, gen=gen, reason=reason, message=message)
-        if prev_state != state or always_event:
-            plan.events.append(Event(event_type, reason, message))
-
-    # Children of a deleted job of the same name are not ours: never count or delete them; the garbage
-    # collector removes them, and a requeue looks again.
-    foreign = [p for p in pods if not _owned_by(p, ref.uid)]
-    pods = [p for p in pods if _owned_by(p, ref.uid)]
-    if foreign:
-        plan.requeue_after = 2.0
-
-    # A finished job stays finished whatever its spec says now.
-    if prev_state in TERMINAL:
-        try:
-            spec_or_none: JobSpec | None = parse_spec(job.get("spec") or {})
-        except (SpecError, KeyError, TypeError, ValueError):
-            spec_or_none = None
-        keep = (old.get("failure") or {}).get("podName") if prev_state == FAILED else None
-        plan.delete = _delete_all([p for p in pods if not _finished(p)], keep=keep, now=now, settings=settings)
-        _ttl(plan, spec=spec_or_none, raw_spec=job.get("spec") or {}, now=now)
-        return plan
-
-    try:
-        check_name(ref.name)
-        spec = parse_spec(job.get("spec") or {})
-    except (SpecError, KeyError, TypeError, ValueError) as e:
-        st["nodes"] = "0/0"
-        return _refuse(plan, job, pods, reason="InvalidSpec", message=str(e), now=now, settings=settings)
-
-    violation = guardrails.check(spec, settings)
-    if violation is not None:
-        return _refuse(plan, job, pods, reason=violation.reason, message=violation.message, now=now,
-                       settings=settings)
-
-    attempt = int(st.get("attempt", 0))
-    st.setdefault("attempt", attempt)
-    st.setdefault("restarts", 0)
-    st.setdefault("disruptions", 0)
-    current = [p for p in pods if _attempt_of(p) == attempt]
-    stale = [p for p in pods if _attempt_of(p) != attempt]
-    running = sum(1 for p in current if _running(p))
-    st["readyNodes"] = running
-    st["nodes"] = f"{running}/{spec.nodes}"
-
-    # -- suspend: pods go, the next attempt starts when resumed --------------------------------------
-    if spec.suspend:
-        if prev_state != SUSPENDED and st.get("attemptStartTime"):
-            _close_attempt(st, spec, now=now, restarted=False)
-            st["attempt"] = attempt + 1
-            st["attemptStartTime"] = None
-        plan.delete = _delete_all(pods, now=now, settings=settings)
-        st["readyNodes"], st["nodes"] = 0, f"0/{spec.nodes}"
-        transition(SUSPENDED, "Suspended", "spec.suspend is true: trainer pods deleted")
-        return _clean(plan)
-
-    # -- deadline --------------------------------------------------------------------------------------
-    started = parse_ts(st.get("startTime"))
-    if spec.active_deadline_seconds and started and prev_state != SUSPENDED:  # resuming restarts the clock
-        remaining = spec.active_deadline_seconds - (now - started).total_seconds()
-        if remaining <= 0:
-            _close_attempt(st, spec, now=now, restarted=False)
-            return _fail(plan, st, pods, Failure("DeadlineExceeded",
-                         f"the job was active longer than spec.activeDeadlineSeconds={spec.active_deadline_seconds}"),
-                         transition=transition, now=now, settings=settings, keep=None)
-        plan.requeue_after = remaining
-
-    # -- the previous attempt must be gone before the next starts -------------------------------------
-    if stale:
-        plan.delete = _delete_all(stale, now=now, settings=settings)
-        if prev_state not in (RESTARTING, SUSPENDED):
-            transition(RESTARTING, "CleaningUp", "waiting for pods of an earlier attempt to terminate")
-        else:
-            st["state"] = RESTARTING
-        plan.requeue_after = 2.0
-        return _clean(plan)
-
-    created = bool(st.get("attemptStartTime"))
-    present = {_rank_of(p) for p in current}
-    if not created:
-        # Waiting for quota: retry on the clock, not on every pod event (a refused gang's own deletions would
-        # otherwise re-trigger creation at once, a retry storm against the API server).
-        retry_at = parse_ts(st.get("admissionRetryTime"))
-        if retry_at is not None and now < retry_at:
-            plan.requeue_after = (retry_at - now).total_seconds()
-            return _clean(plan)
-        if any(_deleting(p) for p in current):  # the ranks of a refused creation are still going
-            plan.requeue_after = 1.0
-            return _clean(plan)
-        claims = admission.check_claims(ref.name, spec, observed.claims)
-        if claims is not None:
-            return _refuse(plan, job, pods, reason=claims.reason, message=claims.message, now=now, settings=settings)
-        over = admission.check_namespace(spec, observed.usage, settings)
-        if over is not None and over.permanent:
-            return _refuse(plan, job, pods, reason=over.violation.reason, message=over.violation.message, now=now,
-                           settings=settings)
-        if over is not None:
-            return _wait_quota(plan, old, over.violation.message, now=now, gen=gen)
-        # Create the attempt (all missing ranks; creation tolerates "already exists").
-        missing = [p for p in build_pods(ref, spec, attempt=attempt, settings=settings)
-                   if int(p["metadata"]["labels"][LABEL_RANK]) not in present]
-        extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec)) if o is not None]
-        plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
-        st["attemptStartTime"] = ts(now)
-        st.pop("admissionRetryTime", None)
-        if prev_state == SUSPENDED:
-            st["startTime"] = ts(now)  # as a Kubernetes Job: the deadline restarts when resumed
-        st.setdefault("startTime", ts(now))
-        restart_requested = parse_ts(st.pop("restartRequestedTime", None))
-        if restart_requested:
-            st["lastRestartGapSeconds"] = round((now - restart_requested).total_seconds(), 3)
-        set_condition(st, "Created", True, "PodsCreated",
-                      f"attempt {attempt}: {spec.nodes} trainer pod(s) created", now=now, generation=gen)
-        set_condition(st, "Suspended", False, "Resumed", "spec.suspend is false", now=now, generation=gen)
-        # Restarting stays True until every rank of the new attempt runs.
-        st["state"] = CREATED
-        plan.events.append(Event("Normal", "PodsCreated",
-                                 f"attempt {attempt}: created {spec.nodes} trainer pod(s) "
-                                 f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))"))
-        return _clean(plan)
-
-    # -- the attempt runs: look for the first failure ---------------------------------------------------
-    failures: list[tuple[str, int, Failure, dict[str, Any]]] = []
-    for p in current:
-        f = classify_pod(p)
-        if f is not None:
-            failures.append((f.finished_at or "", _rank_of(p), f, p))
-    for r in range(spec.nodes):
-        if r not in present:
-            failures.append(("~", r, Failure("PodDeleted", f"pod {pod_name(ref.name, r)} disappeared while the "
-                                              "attempt ran", disruption=True), {}))
-    if failures:
-        failures.sort(key=lambda x: (x[0], x[1]))  # the earliest failure is the cause; peers follow it
-        _, rank, failure, pod = failures[0]
-        failure = failure.with_rank(rank, attempt, pod.get("metadata", {}).get("name"))
-        return _restart_or_fail(plan, st, spec, current, failure, transition=transition, now=now,
-                                settings=settings)
-
-    if len(current) == spec.nodes and all(_phase(p) == "Succeeded" for p in current):
-        _close_attempt(st, spec, now=now, restarted=False)
-        if st.get("progress"):
-            st["progress"].update(etaSeconds=0, eta="0s")
-        st["completionTime"] = ts(now)
-        st["readyNodes"], st["nodes"] = 0, f"0/{spec.nodes}"
-        transition(SUCCEEDED, "AllRanksSucceeded", f"all {spec.nodes} rank(s) exited 0 in attempt {attempt}")
-        _ttl(plan, spec=spec, raw_spec=None, now=now)
-        return _clean(plan)
-
-    done = sum(1 for p in current if _phase(p) == "Succeeded")
-    if running and running + done == spec.nodes:
-        if progress:
-            st["progress"] = merge_progress(st.get("progress"), progress, now=now)
-        transition(RUNNING, "AllRanksRunning", f"attempt {attempt}: {running}/{spec.nodes} trainer pods running")
-        return _clean(plan)
-
-    # Some ranks wait: say why; image and config problems fail the job after a bounded wait.
-    problems = [(r, w) for p in current if (w := waiting_problem(p)) is not None for r in [_rank_of(p)]]
-    st["state"] = CREATED if prev_state != RESTARTING else prev_state
-    if problems:
-        rank, problem = sorted(problems, key=lambda x: x[0])[0]
-        waited = (now - (parse_ts(st.get("attemptStartTime")) or now)).total_seconds()
-        if problem.fatal and waited >= settings.waiting_timeout_seconds:
-            failure = Failure(problem.reason, f"rank {rank} waited {waited:.0f}s: {problem.message}").with_rank(
-                rank, attempt, pod_name(ref.name, rank))
-            _close_attempt(st, spec, now=now, restarted=False)
-            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings, keep=None)
-        old_created = condition(old, "Created") or {}
-        set_condition(st, "Created", True, problem.reason, f"rank {rank}: {problem.message}", now=now,
-                      generation=gen)
-        if old_created.get("reason") != problem.reason:
-            plan.events.append(Event("Warning", problem.reason, f"rank {rank}: {problem.message}"))
-        if problem.fatal:
-            plan.requeue_after = max(1.0, settings.waiting_timeout_seconds - waited)
-    return _clean(plan)
-
-
-def _restart_or_fail(plan: Plan, st: dict[str, Any], spec: JobSpec, current: list[dict[str, Any]],
-                     failure: Failure, *, transition: Any, now: datetime, settings: Settings) -> Plan:
+def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: Failure) -> None:
+    """A gang restart when the failure is retryable and the budget allows (disruptions against the operator's
+    limit, other failures against spec.maxRestarts), else the job fails keeping the failed rank's pod."""
+    st, limit = p.st, p.settings.max_disruptions
     will_restart = not failure.permanent and (
-        st["disruptions"] < settings.max_disruptions if failure.disruption else st["restarts"] < spec.max_restarts)
-    _close_attempt(st, spec, now=now, restarted=will_restart)
-    if failure.permanent:
-        return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
-                     keep=failure.pod_name)
-    if failure.disruption:
-        if st["disruptions"] >= settings.max_disruptions:
-            failure = Failure(failure.reason, f"{failure.message}; {st['disruptions']} disruptions already "
-                              f"(operator limit {settings.max_disruptions})", rank=failure.rank,
-                              attempt=failure.attempt, pod_name=failure.pod_name)
-            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
-                         keep=failure.pod_name)
-        st["disruptions"] += 1
-    else:
-        if st["restarts"] >= spec.max_restarts:
-            failure = Failure(failure.reason, f"{failure.message}; restarts exhausted "
-                              f"({st['restarts']}/{spec.max_restarts})", rank=failure.rank,
-                              attempt=failure.attempt, exit_code=failure.exit_code, pod_name=failure.pod_name)
-            return _fail(plan, st, current, failure, transition=transition, now=now, settings=settings,
-                         keep=failure.pod_name)
-        st["restarts"] += 1
-    st["failure"] = failure.as_status()
-    st["attempt"] = int(st["attempt"]) + 1
-    st["attemptStartTime"] = None
-    st["restartRequestedTime"] = ts(now)
-    st["readyNodes"], st["nodes"] = 0, f"0/{spec.nodes}"
-    plan.delete = _delete_all(current, now=now, settings=settings)
-    plan.restart_reason = failure.reason
-    counted = "not counted: disruption" if failure.disruption else f"restart {st['restarts']}/{spec.max_restarts}"
-    transition(RESTARTING, failure.reason, f"gang restart to attempt {st['attempt']} ({counted}): {failure.message}",
-               event_type="Warning", always_event=True)
-    plan.requeue_after = 2.0
-    return _clean(plan)
-
-
-def _fail(plan: Plan, st: dict[str, Any], pods: list[dict[str, Any]], failure: Failure, *, transition: Any,
-          now: datetime, settings: Settings, keep: str | None) -> Plan:
-    st["failure"] = failure.as_status()
-    st["completionTime"] = ts(now)
-    st["readyNodes"] = 0
-    st["nodes"] = f"0/{st.get('nodes', '0/0').split('/')[-1]}"
-    plan.delete = _delete_all(pods, keep=keep, now=now, settings=settings)
-    transition(FAILED, failure.reason, failure.message, event_type="Warning")
-    return _clean(plan)
-
-
-def _refuse(plan: Plan, job: dict[str, Any], pods: list[dict[str, Any]], *, reason: str, message: str,
-            now: datetime, settings: Settings) -> Plan:
-    """Fail a job the operator will not run (InvalidSpec, QuotaExceeded): one Warning event, no pods, no retry."""
-    st, old = plan.status, job.get("status") or {}
-    gen = int(job["metadata"].get("generation", 1))
-    if (old.get("failure") or {}).get("message") != message:
-        plan.events.append(Event("Warning", reason, message))
-    if reason == "InvalidSpec":
-        set_condition(st, "InvalidSpec", True, "InvalidSpec", message, now=now, generation=gen)
-    _set_state(st, FAILED, now=now, gen=gen, reason=reason, message=message)
-    st["failure"] = {"reason": reason, "message": message[:1024]}
-    st.setdefault("completionTime", ts(now))
-    plan.delete = _delete_all(pods, now=now, settings=settings)
-    _ttl(plan, spec=None, raw_spec=job.get("spec") or {}, now=now)
-    return _clean(plan)
-
-
-def _ttl(plan: Plan, *, spec: JobSpec | None, raw_spec: dict[str, Any] | None, now: datetime) -> None:
-    ttl = spec.ttl_seconds_after_finished if spec else (raw_spec or {}).get("ttlSecondsAfterFinished")
-    done = parse_ts(plan.status.get("completionTime"))
-    if ttl is None or done is None:
+        st.disruptions < limit if failure.disruption else st.restarts < spec.max_restarts)
+    _close_attempt(p, spec, restarted=will_restart)
+    if not will_restart:
+        if failure.disruption and not failure.permanent:
+            failure = replace(failure, message=f"{failure.message}; {st.disruptions} disruptions already "
+                              f"(operator limit {limit})")
+        elif not failure.permanent:
+            failure = replace(failure, message=f"{failure.message}; restarts exhausted "
+                              f"({st.restarts}/{spec.max_restarts})")
+        _fail(p, current, failure, keep=failure.pod_name)
         return
-    remaining = float(ttl) - (now - done).total_seconds()
-    if remaining <= 0:
-        plan.delete_job = True
+    if failure.disruption:
+        st.disruptions += 1
     else:
-        plan.requeue_after = remaining
+        st.restarts += 1
+    st.failure = failure
+    st.attempt += 1
+    st.attempt_start_time = None
+    st.restart_requested_time = p.now
+    st.ready_nodes = 0
+    p.delete(current)
+    p.plan.restart_reason = failure.reason
+    counted = "not counted: disruption" if failure.disruption else f"restart {st.restarts}/{spec.max_restarts}"
+    p.transition(RESTARTING, failure.reason, f"gang restart to attempt {st.attempt} ({counted}): {failure.message}",
+                 warning=True, always_event=True)
+    p.plan.requeue_after = 2.0
 
 
-def _wait_quota(plan: Plan, old: dict[str, Any], message: str, *, now: datetime, gen: int) -> Plan:
+def _fail(p: _Pass, pods: list[PodState], failure: Failure, *, keep: str | None) -> None:
+    st = p.st
+    st.failure = failure
+    st.completion_time = p.now
+    st.ready_nodes = 0
+    p.delete(pods, keep=keep)
+    p.transition(FAILED, failure.reason, failure.message, warning=True)
+
+
+def _refuse(p: _Pass, pods: list[PodState], *, reason: str, message: str) -> None:
+    """Fail a job the operator will not run (InvalidSpec, QuotaExceeded): one Warning event, no pods, no retry."""
+    st, old = p.st, p.job.status
+    if old.failure is None or old.failure.message != message[:1024]:
+        p.event("Warning", reason, message)
+    if reason == "InvalidSpec":
+        st.set_condition("InvalidSpec", True, "InvalidSpec", message, now=p.now)
+    st.set_state(FAILED, now=p.now, reason=reason, message=message)
+    st.failure = Failure(reason, message[:1024])
+    if st.completion_time is None:
+        st.completion_time = p.now
+    p.delete(pods)
+    p.ttl()
+
+
+def _wait_quota(p: _Pass, message: str) -> None:
     """Not admitted yet (a quota or a namespace limit): condition Created=False/QuotaExceeded, one event per
     change, a retry every 30 s, since quota frees up as other jobs finish."""
-    st = plan.status
-    prev = condition(old, "Created") or {}
-    set_condition(st, "Created", False, "QuotaExceeded", message, now=now, generation=gen, record_false=True)
-    st.setdefault("state", PENDING)
-    if prev.get("reason") != "QuotaExceeded" or prev.get("message") != message[:1024]:
-        plan.events.append(Event("Warning", "QuotaExceeded", message))
-    plan.requeue_after = QUOTA_RETRY_SECONDS
-    st["admissionRetryTime"] = ts(now + timedelta(seconds=QUOTA_RETRY_SECONDS))
-    return _clean(plan)
+    st = p.st
+    before = p.job.status.condition("Created")
+    st.set_condition("Created", False, "QuotaExceeded", message, now=p.now, record_false=True)
+    if st.state is None:
+        st.state = PENDING
+    if before is None or before.reason != "QuotaExceeded" or before.message != message[:1024]:
+        p.event("Warning", "QuotaExceeded", message)
+    p.plan.requeue_after = QUOTA_RETRY_SECONDS
+    st.admission_retry_time = p.now + timedelta(seconds=QUOTA_RETRY_SECONDS)
 
 
-def _clean(plan: Plan) -> Plan:
-    """Drop keys whose value is None so that the written status stays minimal and comparable."""
-    for k in [k for k, v in plan.status.items() if v is None]:
-        del plan.status[k]
-    return plan
-
-
-def create_rejected(job: dict[str, Any], *, what: str, code: int, message: str, now: datetime,
-                    pods: list[dict[str, Any]] | None = None) -> Plan:
+def create_rejected(job: Job, pods: list[PodState], *, what: str, code: int, message: str, now: datetime,
+                    settings: Settings) -> Plan:
     """The API server refused a child the spec produced. A quota refusal waits and retries; anything else
     (an invalid pod, a Pod Security violation) is an InvalidSpec: the job fails instead of retrying forever.
     ``pods``: the job's pods as they are now (the ranks created before the refusal among them)."""
-    gen = int(job["metadata"].get("generation", 1))
-    old = job.get("status") or {}
-    st = copy.deepcopy(old)
-    st["observedGeneration"] = gen
-    plan = Plan(status=st)
+    st = copy.deepcopy(job.status)
+    st.observed_generation = job.generation
+    p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st))
     text = f"the API server refused {what} ({code}): {message}"[:1024]
     # Any quota refusal is transient: "exceeded quota", and also "status unknown for quota" while the quota
     # controller has not yet counted a new ResourceQuota.
     if code == 403 and "quota" in message:
         # A gang is all or nothing: the ranks created before the refusal would hold quota and GPUs, wait for a
         # rank 0 / peers that cannot come, and count against the quota the rest of the gang needs. They go.
-        attempt = str(old.get("attempt", 0))
-        mine = [p for p in pods or [] if _owned_by(p, job["metadata"]["uid"])
-                and p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == attempt]
-        plan.delete = _delete_all(mine, now=now, settings=Settings())
-        return _wait_quota(plan, old, text, now=now, gen=gen)
+        p.delete(Gang.of(pods, uid=job.ref.uid, attempt=st.attempt).current)
+        _wait_quota(p, text)
+        return p.plan
     if "PodSecurity" in message:
         text = (f"{text} — a job with spec.network.hostNetwork or spec.network.rdma needs a namespace labelled "
                 "pod-security.kubernetes.io/enforce=privileged (docs/operations.md, GPU networking)")[:1024]
     # The pods created before the refusal are deleted by the next pass, which finds the job finished.
-    plan = _refuse(plan, job, [], reason="InvalidSpec", message=text, now=now, settings=Settings())
-    if ((job.get("spec") or {}).get("podDisruptionBudget") or {}).get("enabled"):
-        plan.delete_objects.append(("PodDisruptionBudget", job["metadata"]["name"]))
-    return plan
+    _refuse(p, [], reason="InvalidSpec", message=text)
+    if job.pdb_enabled:
+        p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
+    return p.plan

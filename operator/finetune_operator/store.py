@@ -11,11 +11,14 @@ a pass takes its inputs from here. Three rules keep it as correct as a fresh rea
 * **Expectations**: after a pass creates or deletes pods, the job's next passes wait (the controller skips them)
   until the watch has delivered every one of those changes, each of which starts a pass of its own, or until
   :data:`EXPECTATION_TTL` passes, as the Kubernetes controllers do; a pass that runs meanwhile anyway lists.
+
+Objects are shared, not copied: a put hands its object over (the handlers pass their own copy of kopf's body, a
+list its freshly parsed items) and a read returns the stored object itself. Nothing mutates them: a pass reads them
+into its typed state (finetune_operator.state) and builds new objects for every write.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -53,17 +56,16 @@ class Store:
             held = self._jobs.get(key)
             if held is not None and held["metadata"].get("uid") == job["metadata"].get("uid") and _rv(held) >= _rv(job):
                 return False
-            self._jobs[key] = copy.deepcopy(job)
+            self._jobs[key] = job
             return True
 
     def job(self, key: Key) -> dict[str, Any] | None:
         with self._lock:
-            held = self._jobs.get(key)
-            return copy.deepcopy(held) if held is not None else None
+            return self._jobs.get(key)
 
     def jobs(self, namespace: str | None) -> list[dict[str, Any]]:
         with self._lock:
-            return [copy.deepcopy(j) for (ns, _), j in self._jobs.items() if namespace is None or ns == namespace]
+            return [j for (ns, _), j in self._jobs.items() if namespace is None or ns == namespace]
 
     def forget_job(self, key: Key) -> None:
         """A deleted job, or one whose stored version a write found stale (the next pass reads it)."""
@@ -99,7 +101,7 @@ class Store:
             # a newer one, and a late event of a pod the last list no longer had does not bring it back
             stale = _rv(pod) <= self._list_rv.get(key, 0) if held is None else _rv(pod) <= _rv(held)
             if not stale:
-                pods[meta["name"]] = copy.deepcopy(pod)
+                pods[meta["name"]] = pod
                 self._satisfy(key, f"add:{meta['name']}")
             if meta.get("deletionTimestamp"):
                 self._satisfy(key, f"del:{meta.get('uid')}")
@@ -126,7 +128,7 @@ class Store:
         with self._lock:
             if self._events.get(key, 0) != events_seen:
                 return
-            self._pods[key] = {p["metadata"]["name"]: copy.deepcopy(p) for p in pods}
+            self._pods[key] = {p["metadata"]["name"]: p for p in pods}
             self._list_rv[key] = version
             self._listed.add(key)
 
@@ -140,7 +142,7 @@ class Store:
                 if pending[0] and self._clock() < pending[1]:
                     return None
                 del self._expect[key]
-            return [copy.deepcopy(p) for p in self._pods.get(key, {}).values()]
+            return list(self._pods.get(key, {}).values())
 
     def waiting(self, key: Key) -> float | None:
         """Seconds this job's pass should wait for changes it made that the watch has not delivered yet (each

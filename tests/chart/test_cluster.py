@@ -231,7 +231,8 @@ class Operator:
         self.log = log
         self._fh = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "finetune_operator.cli", *c["args"], f"--kubeconfig={kubeconfig}"],
+            # --verbose: kopf's per-event "Handler ... succeeded" lines show that a watch delivered an event
+            [sys.executable, "-m", "finetune_operator.cli", *c["args"], f"--kubeconfig={kubeconfig}", "--verbose"],
             stdout=self._fh,
             stderr=subprocess.STDOUT,
             env=env,

@@ -454,10 +454,9 @@ def test_cuda_oom_is_its_own_failure_with_the_fix() -> None:
 
 
 def test_hub_refusals_name_the_model_or_the_dataset(tmp_path: Path) -> None:
+    import httpx2 as httpx  # huggingface_hub's HTTP client
     from finetune_trainer.diagnose import classify
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
-    import httpx2 as httpx  # huggingface_hub's HTTP client
 
     def response(code: int) -> httpx.Response:
         return httpx.Response(code, request=httpx.Request("GET", "https://huggingface.co/api/x"))

@@ -3,35 +3,24 @@ PodDisruptionBudget, GPU networking opt-ins, MIG resources, /dev/shm accounting 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from finetune_operator.admission import Observed, Usage, check_claims, check_namespace, usage_of
 from finetune_operator.builders import JobRef, build_output_claim, build_pdb, build_pod, trainer_config
-from finetune_operator.reconcile import decide, ts
 from finetune_operator.settings import Settings
 from finetune_operator.spec import SpecError, parse_spec
 
+from tests.unit.factories import NOW, base_spec, decided, job
+
 pytestmark = pytest.mark.unit
 
-NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 REF = JobRef(name="ft", namespace="ns", uid="uid-1")
 TEMPLATE = {"spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs",
                      "resources": {"requests": {"storage": "50Gi"}}}}
-
-
-def spec_dict(**over: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"}, "output": {"claimName": "o"},
-                            "training": {"maxSteps": 10}}
-    spec.update(over)
-    return spec
-
-
-def job(status: dict[str, Any] | None = None, *, uid: str = "uid-1", name: str = "ft", **over: Any) -> dict[str, Any]:
-    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob",
-            "metadata": {"name": name, "namespace": "ns", "uid": uid, "generation": 1},
-            "spec": spec_dict(**over), "status": status or {}}
+spec_dict = base_spec
 
 
 def pvc(modes: list[str], *, bound: list[str] | None = None) -> dict[str, Any]:
@@ -47,7 +36,7 @@ GPU = {"limits": {"nvidia.com/gpu": 8}}
 # -- output claims ---------------------------------------------------------------------------------------------
 
 def test_claim_template_is_created_owned_by_the_job_before_the_pods() -> None:
-    plan = decide(job(nodes=2, output={"volumeClaimTemplate": TEMPLATE}), [], now=NOW, settings=Settings())
+    plan = decided(job(nodes=2, output={"volumeClaimTemplate": TEMPLATE}), [])
     assert [o["kind"] for o in plan.create] == ["PersistentVolumeClaim", "Service", "ConfigMap", "Pod", "Pod"]
     claim = plan.create[0]
     assert claim["metadata"]["name"] == "ft-output"
@@ -98,12 +87,12 @@ def test_existing_claim_access_modes(claim: dict[str, Any], nodes: int, refused:
 
 def test_rwo_claim_with_many_nodes_fails_the_job_before_any_pod() -> None:
     rwo = Observed(claims={"o": pvc(["ReadWriteOnce"])})
-    plan = decide(job(nodes=2), [], now=NOW, settings=Settings(), observed=rwo)
+    plan = decided(job(nodes=2), [], now=NOW, settings=Settings(), observed=rwo)
     assert plan.create == []
-    assert plan.status["state"] == "Failed" and plan.status["failure"]["reason"] == "InvalidSpec"
-    assert "ReadWriteMany" in plan.status["failure"]["message"]
+    assert plan.status.state == "Failed" and plan.status.failure.reason == "InvalidSpec"
+    assert "ReadWriteMany" in plan.status.failure.message
     # a claim the controller did not find is left to the scheduler (it reports Unschedulable)
-    assert [o["kind"] for o in decide(job(nodes=2), [], now=NOW, settings=Settings()).create][-1] == "Pod"
+    assert [o["kind"] for o in decided(job(nodes=2), []).create][-1] == "Pod"
 
 
 def test_cache_claim_is_checked_too() -> None:
@@ -139,39 +128,38 @@ def test_job_over_the_namespace_total_waits_quietly_then_starts() -> None:
     settings = Settings(max_gpus_per_namespace=16)
     j = job(nodes=2, resources=GPU)
     held = Observed(usage=Usage(jobs=1, nodes=1, gpus=8))
-    waiting = decide(j, [], now=NOW, settings=settings, observed=held)
+    waiting = decided(j, [], settings=settings, observed=held)
     assert waiting.create == [] and waiting.requeue_after == 30.0
-    assert waiting.status["state"] == "Pending"
+    assert waiting.status.state == "Pending"
     assert [(e.type, e.reason) for e in waiting.events] == [("Warning", "QuotaExceeded")]
-    created = next(c for c in waiting.status["conditions"] if c["type"] == "Created")
-    assert (created["status"], created["reason"]) == ("False", "QuotaExceeded")
+    created = waiting.status.condition("Created")
+    assert created is not None and (created.status, created.reason) == (False, "QuotaExceeded")
     later = NOW + timedelta(seconds=31)
-    again = decide(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings, observed=held)
+    again = decided(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings, observed=held)
     assert again.events == [] and again.create == []  # still held: no event, no pods (no retry storm)
-    assert {k: v for k, v in again.status.items() if k != "admissionRetryTime"} == {
-        k: v for k, v in waiting.status.items() if k != "admissionRetryTime"}
-    early = decide(job(waiting.status, nodes=2, resources=GPU), [], now=NOW + timedelta(seconds=5), settings=settings,
+    assert replace(again.status, admission_retry_time=None) == replace(waiting.status, admission_retry_time=None)
+    early = decided(job(waiting.status, nodes=2, resources=GPU), [], now=NOW + timedelta(seconds=5), settings=settings,
                    observed=Observed(usage=Usage()))
     assert early.create == [] and early.requeue_after == 25.0  # retries on the clock, not on every event
-    free = decide(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings,
+    free = decided(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings,
                   observed=Observed(usage=Usage()))
     assert [o["kind"] for o in free.create][-2:] == ["Pod", "Pod"]
-    assert "admissionRetryTime" not in free.status
+    assert free.status.admission_retry_time is None
 
 
 # -- PodDisruptionBudget -----------------------------------------------------------------------------------------
 
 def test_pdb_lives_while_the_gang_can_run() -> None:
     pdb_spec = {"podDisruptionBudget": {"enabled": True}}
-    plan = decide(job(nodes=3, **pdb_spec), [], now=NOW, settings=Settings())
+    plan = decided(job(nodes=3, **pdb_spec), [])
     pdb = next(o for o in plan.create if o["kind"] == "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 3
     assert pdb["spec"]["selector"] == {"matchLabels": {"finetune.dev/job-name": "ft"}}
     assert pdb["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    suspended = decide(job(plan.status, nodes=3, suspend=True, **pdb_spec), [], now=NOW, settings=Settings())
+    suspended = decided(job(plan.status, nodes=3, suspend=True, **pdb_spec), [])
     assert suspended.delete_objects == [("PodDisruptionBudget", "ft")]
     # only on the transition: a finished job's later passes delete nothing more
-    again = decide(job(suspended.status, nodes=3, suspend=True, **pdb_spec), [], now=NOW, settings=Settings())
+    again = decided(job(suspended.status, nodes=3, suspend=True, **pdb_spec), [])
     assert again.delete_objects == []
     assert build_pdb(REF, parse_spec(spec_dict())) is None
 
@@ -216,25 +204,29 @@ def test_node_affinity_keeps_the_one_rank_per_node_rule() -> None:
 
 def test_quota_refusal_mid_gang_removes_the_ranks_already_created() -> None:
     from finetune_operator.reconcile import create_rejected
+    from finetune_operator.state import read_job, read_pods
+    from finetune_operator.status import ts
 
     created = {"metadata": {"name": "ft-node-0", "uid": "p0", "ownerReferences": [{"uid": "uid-1", "controller": True}],
                             "labels": {"finetune.dev/attempt": "0", "finetune.dev/node-rank": "0"}}}
     foreign = {"metadata": {"name": "ft-node-1", "uid": "p1", "ownerReferences": [{"uid": "other", "controller": True}],
                             "labels": {"finetune.dev/attempt": "0"}}}
-    plan = create_rejected(job({"attempt": 0}), what="Pod ft-node-1", code=403, now=NOW, pods=[created, foreign],
+    plan = create_rejected(read_job(job({"attempt": 0})), read_pods([created, foreign]), what="Pod ft-node-1",
+                           code=403, now=NOW, settings=Settings(),
                            message='pods "ft-node-1" is forbidden: exceeded quota: gpus')
     assert [d.name for d in plan.delete] == ["ft-node-0"] and plan.requeue_after == 30.0
-    assert plan.status["state"] == "Pending"
+    assert plan.status.state == "Pending"
     # the deleted rank's own events do not re-create the gang at once: the retry waits 30 s
     deleting = {"metadata": {**created["metadata"], "deletionTimestamp": ts(NOW)}}
-    assert decide(job(plan.status), [deleting], now=NOW + timedelta(seconds=1), settings=Settings()).create == []
-    assert decide(job(plan.status), [deleting], now=NOW + timedelta(seconds=31), settings=Settings()).create == []
-    retry = decide(job(plan.status), [], now=NOW + timedelta(seconds=31), settings=Settings())
+    assert decided(job(plan.status), [deleting], now=NOW + timedelta(seconds=1), settings=Settings()).create == []
+    assert decided(job(plan.status), [deleting], now=NOW + timedelta(seconds=31), settings=Settings()).create == []
+    retry = decided(job(plan.status), [], now=NOW + timedelta(seconds=31), settings=Settings())
     assert [o["metadata"]["name"] for o in retry.create if o["kind"] == "Pod"] == ["ft-node-0"]
-    pss = create_rejected(job({"attempt": 0}, podDisruptionBudget={"enabled": True}), what="Pod ft-node-0", code=403,
-                          now=NOW, message='pods "ft-node-0" is forbidden: violates PodSecurity "restricted:latest"')
-    assert pss.status["state"] == "Failed" and pss.delete_objects == [("PodDisruptionBudget", "ft")]
-    assert "enforce=privileged" in pss.status["failure"]["message"]
+    pss = create_rejected(read_job(job({"attempt": 0}, podDisruptionBudget={"enabled": True})), [],
+                          what="Pod ft-node-0", code=403, now=NOW, settings=Settings(),
+                          message='pods "ft-node-0" is forbidden: violates PodSecurity "restricted:latest"')
+    assert pss.status.state == "Failed" and pss.delete_objects == [("PodDisruptionBudget", "ft")]
+    assert pss.status.failure is not None and "enforce=privileged" in pss.status.failure.message
 
 
 def test_a_retained_output_claim_is_checked_before_reuse() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,25 +11,16 @@ import pytest
 import yaml
 from finetune_operator.builders import JobRef, build_pod, env_contract, trainer_config
 from finetune_operator.failures import classify_pod, waiting_problem
-from finetune_operator.reconcile import decide, ts
 from finetune_operator.settings import Settings
 from finetune_operator.spec import SpecError, parse_spec
+from finetune_operator.status import Progress, ts
+
+from tests.unit.factories import NOW, REF, STARTED, base_spec, decided, job, pod, running
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "finetune.dev_finetunejobs.yaml").read_text())
 SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-REF = JobRef(name="ft", namespace="ns", uid="uid-1")
-
-
-def base_spec(**over: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"}, "output": {"claimName": "o"},
-                            "training": {"maxSteps": 10}}
-    spec.update(over)
-    return spec
-
-
 # -- spec ------------------------------------------------------------------------------------------------
 
 def _crd_default(path: list[str]) -> Any:
@@ -154,25 +145,6 @@ def test_exports_reach_the_trainer_config_and_credentials_only_by_reference() ->
 
 # -- failures ---------------------------------------------------------------------------------------------
 
-def pod(phase: str, *, code: int | None = None, reason: str | None = None, message: str | None = None,
-        pod_reason: str | None = None, waiting: str | None = None, deleting: bool = False,
-        conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    if code is not None:
-        state = {"terminated": {"exitCode": code, "reason": reason or "Error", "message": message}}
-    if waiting:
-        state = {"waiting": {"reason": waiting, "message": "detail"}}
-    meta: dict[str, Any] = {"name": "ft-node-0", "uid": "u0", "labels": {"finetune.dev/attempt": "0",
-                                                                        "finetune.dev/node-rank": "0"}}
-    if deleting:
-        meta["deletionTimestamp"] = ts(NOW)
-    status: dict[str, Any] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": state}],
-                              "conditions": conditions or []}
-    if pod_reason:
-        status["reason"] = pod_reason
-    return {"metadata": meta, "status": status}
-
-
 @pytest.mark.parametrize(("p", "reason", "disruption", "permanent"), [
     (pod("Failed", code=137, reason="OOMKilled"), "OOMKilled", False, False),
     (pod("Failed", code=78, message='{"reason":"ConfigError","message":"dataset.textField: no"}'), "ConfigError",
@@ -206,46 +178,25 @@ def test_healthy_pods_have_no_failure_and_waiting_is_explained() -> None:
 
 # -- decisions --------------------------------------------------------------------------------------------
 
-def job(status: dict[str, Any] | None = None, **spec_over: Any) -> dict[str, Any]:
-    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob",
-            "metadata": {"name": "ft", "namespace": "ns", "uid": "uid-1", "generation": 1},
-            "spec": base_spec(**spec_over), "status": status or {}}
-
-
-def running(rank: int, attempt: int = 0, phase: str = "Running", code: int | None = None) -> dict[str, Any]:
-    p = pod(phase, code=code)
-    p["metadata"].update(name=f"ft-node-{rank}", uid=f"u{rank}",
-                         labels={"finetune.dev/attempt": str(attempt), "finetune.dev/node-rank": str(rank)},
-                         ownerReferences=[{"uid": "uid-1", "controller": True}])
-    return p
-
-
-STARTED = {"attempt": 0, "restarts": 0, "disruptions": 0, "attemptStartTime": ts(NOW - timedelta(minutes=1)),
-           "startTime": ts(NOW - timedelta(minutes=1)), "state": "Running"}
-
-
 def test_first_pass_creates_the_gang_and_a_quiet_pass_writes_nothing() -> None:
-    plan = decide(job(nodes=2), [], now=NOW, settings=Settings())
+    plan = decided(job(nodes=2), [])
     assert [o["kind"] for o in plan.create] == ["Service", "ConfigMap", "Pod", "Pod"]
-    assert plan.status["state"] == "Created"
-    again = decide(job(plan.status, nodes=2), [running(0), running(1)], now=NOW, settings=Settings())
-    quiet = decide(job(again.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(minutes=5),
-                   settings=Settings())
+    assert plan.status.state == "Created"
+    again = decided(job(plan.status, nodes=2), [running(0), running(1)])
+    quiet = decided(job(again.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(minutes=5))
     assert quiet.status == again.status and not quiet.create and not quiet.delete and not quiet.events
 
 
 def test_failure_restarts_whole_gang_and_waits_for_old_pods() -> None:
-    plan = decide(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Failed", code=1)], now=NOW,
-                  settings=Settings())
+    plan = decided(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Failed", code=1)])
     assert sorted(d.name for d in plan.delete) == ["ft-node-0", "ft-node-1"]
-    assert (plan.status["attempt"], plan.status["restarts"], plan.status["state"]) == (1, 1, "Restarting")
+    assert (plan.status.attempt, plan.status.restarts, plan.status.state) == (1, 1, "Restarting")
     # Old pods still terminating: nothing is created under the same names yet.
-    wait = decide(job(plan.status, nodes=2), [running(0), running(1, phase="Failed", code=1)], now=NOW,
-                  settings=Settings())
-    assert wait.create == [] and wait.status["state"] == "Restarting"
-    nxt = decide(job(wait.status, nodes=2), [], now=NOW + timedelta(seconds=3), settings=Settings())
+    wait = decided(job(plan.status, nodes=2), [running(0), running(1, phase="Failed", code=1)])
+    assert wait.create == [] and wait.status.state == "Restarting"
+    nxt = decided(job(wait.status, nodes=2), [], now=NOW + timedelta(seconds=3))
     assert [p["metadata"]["labels"]["finetune.dev/attempt"] for p in nxt.create if p["kind"] == "Pod"] == ["1", "1"]
-    assert nxt.status["lastRestartGapSeconds"] == 3.0
+    assert nxt.status.last_restart_gap_seconds == 3.0
 
 
 def test_layering_builders_and_decisions_do_no_io() -> None:
@@ -278,29 +229,30 @@ def test_progress_from_the_trainers_real_metrics_page() -> None:
     m.eta.set(3725)
     m.checkpoint_last_step.set(100)
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)
-    assert p == {"step": 120, "totalSteps": 300, "stepOfTotal": "120/300", "epoch": 0.4, "loss": 0.6931,
-                 "samplesPerSecond": 100.0, "tokensPerSecond": 12800.0, "etaSeconds": 3725, "eta": "1h2m",
-                 "lastCheckpointStep": 100}  # mfu is NaN on CPU: left out
+    assert p is not None and p.to_wire() == {  # mfu is NaN on CPU: left out
+        "step": 120, "totalSteps": 300, "stepOfTotal": "120/300", "epoch": 0.4, "loss": 0.6931,
+        "samplesPerSecond": 100.0, "tokensPerSecond": 12800.0, "etaSeconds": 3725, "eta": "1h2m",
+        "lastCheckpointStep": 100}
 
 
 def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
     st = dict(STARTED, progress={"step": 130, "lastCheckpointStep": 100, "samplesPerSecond": 64.0})
     spec = {"nodes": 2, "resources": {"limits": {"nvidia.com/gpu": 4}},
             "training": {"maxSteps": 500, "perDeviceBatchSize": 8}}
-    plan = decide(job(st, **spec), [running(0), running(1, phase="Failed", code=1)], now=NOW, settings=Settings())
-    assert plan.status["progress"]["stepsLostToRestarts"] == 30
-    assert plan.status["gpuSecondsUsed"] == 60 * 4 * 2  # one minute on 2 nodes x 4 GPUs
+    plan = decided(job(st, **spec), [running(0), running(1, phase="Failed", code=1)])
+    assert plan.status.progress.steps_lost_to_restarts == 30
+    assert plan.status.gpu_seconds_used == 60 * 4 * 2  # one minute on 2 nodes x 4 GPUs
     # 64 samples/s over a global batch of 8 x 8 processes = 1 step/s: 30 lost steps = 30 s on 8 GPUs.
-    assert plan.status["gpuSecondsLost"] == 30 * 8
+    assert plan.status.gpu_seconds_lost == 30 * 8
 
 
 def test_progress_is_merged_only_while_running_and_idle_scrapes_write_nothing() -> None:
     st = dict(STARTED)
-    scraped = {"step": 5, "totalSteps": 10, "stepOfTotal": "5/10"}
-    first = decide(job(st, nodes=2), [running(0), running(1)], now=NOW, settings=Settings(), progress=scraped)
-    assert first.status["progress"]["updateTime"] == ts(NOW)
-    again = decide(job(first.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(seconds=15),
-                   settings=Settings(), progress=dict(scraped))
+    scraped = Progress(step=5, total_steps=10, step_of_total="5/10")
+    first = decided(job(st, nodes=2), [running(0), running(1)], progress=scraped)
+    assert first.status.progress.update_time == NOW
+    again = decided(job(first.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(seconds=15),
+                    progress=scraped)
     assert again.status == first.status
 
 
@@ -310,29 +262,28 @@ def test_pods_of_a_deleted_namesake_are_not_ours() -> None:
     """delete + re-apply under the same name: the old job's finished pods must not make the new one Succeed."""
     old_pod = running(0, phase="Succeeded", code=0)
     old_pod["metadata"]["ownerReferences"] = [{"uid": "old-uid", "controller": True}]
-    plan = decide(job(dict(STARTED)), [old_pod], now=NOW, settings=Settings())
-    assert plan.status["state"] != "Succeeded" and plan.delete == []
+    plan = decided(job(dict(STARTED)), [old_pod])
+    assert plan.status.state != "Succeeded" and plan.delete == []
 
 
 def test_a_finished_job_stays_finished_when_its_spec_is_edited() -> None:
     done = dict(STARTED, state="Succeeded", completionTime=ts(NOW))
     edited = job(done, podTemplate={"volumes": [{"name": "x", "mountPath": "/output/x", "emptyDir": {}}]})
-    plan = decide(edited, [], now=NOW, settings=Settings())
-    assert plan.status["state"] == "Succeeded" and not plan.events
+    plan = decided(edited, [])
+    assert plan.status.state == "Succeeded" and not plan.events
 
 
 def test_a_rank_that_finished_first_keeps_the_job_running() -> None:
-    plan = decide(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Succeeded", code=0)], now=NOW,
-                  settings=Settings())
-    assert plan.status["state"] == "Running"
+    plan = decided(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Succeeded", code=0)])
+    assert plan.status.state == "Running"
 
 
 def test_resume_restarts_the_deadline_clock() -> None:
     suspended = dict(STARTED, state="Suspended", attemptStartTime=None, attempt=1,
                      startTime=ts(NOW - timedelta(hours=5)))
     del suspended["attemptStartTime"]
-    plan = decide(job(suspended, activeDeadlineSeconds=3600), [], now=NOW, settings=Settings())
-    assert plan.status["state"] == "Created" and plan.status["startTime"] == ts(NOW)
+    plan = decided(job(suspended, activeDeadlineSeconds=3600), [])
+    assert plan.status.state == "Created" and plan.status.start_time == NOW
 
 
 def test_kueue_group_label_fits_63_characters() -> None:
@@ -362,24 +313,27 @@ def test_progress_waits_for_the_training_loop() -> None:
 
     page = "# TYPE finetune_train_step gauge\nfinetune_train_step 0\n# TYPE finetune_train_total_steps gauge\n" \
            "finetune_train_total_steps 0\n"
-    assert parse_metrics(page, nodes=2) == {}
+    assert parse_metrics(page, nodes=2) is None
 
 
 def test_api_rejections_become_conditions_not_retry_loops() -> None:
     from finetune_operator.reconcile import create_rejected
+    from finetune_operator.state import read_job
 
-    quota = create_rejected(job(dict(STARTED, state="Created")), what="Pod ft-node-0", code=403,
-                            message='pods "ft-node-0" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8',
-                            now=NOW)
-    assert quota.status["state"] == "Created" and quota.requeue_after == 30.0
+    def rejected(wire: dict[str, Any], code: int, message: str) -> Any:
+        return create_rejected(read_job(wire), [], what="Pod ft-node-0", code=code, message=message, now=NOW,
+                               settings=Settings())
+
+    quota = rejected(job(dict(STARTED, state="Created")), 403,
+                     'pods "ft-node-0" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8')
+    assert quota.status.state == "Created" and quota.requeue_after == 30.0
     assert [e.reason for e in quota.events] == ["QuotaExceeded"]
-    unknown = create_rejected(job(dict(STARTED, state="Created")), what="Pod ft-node-0", code=403,
-                              message='pods "ft-node-0" is forbidden: status unknown for quota: one-pod', now=NOW)
-    assert unknown.status["state"] == "Created" and unknown.requeue_after == 30.0
-    bad = create_rejected(job(dict(STARTED)), what="Pod ft-node-0", code=422,
-                          message="spec.containers[0].resources.requests: Invalid value: \"1x\"", now=NOW)
-    assert bad.status["state"] == "Failed" and bad.status["failure"]["reason"] == "InvalidSpec"
-    assert "resources.requests" in bad.status["failure"]["message"]
+    unknown = rejected(job(dict(STARTED, state="Created")), 403,
+                       'pods "ft-node-0" is forbidden: status unknown for quota: one-pod')
+    assert unknown.status.state == "Created" and unknown.requeue_after == 30.0
+    bad = rejected(job(dict(STARTED)), 422, "spec.containers[0].resources.requests: Invalid value: \"1x\"")
+    assert bad.status.state == "Failed" and bad.status.failure.reason == "InvalidSpec"
+    assert "resources.requests" in bad.status.failure.message
 
 
 @pytest.mark.parametrize(("value", "ok"), [("16Gi", True), ("500m", True), (2, True), ("1.5", True), ("1e3", True),
@@ -407,19 +361,19 @@ def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # typ
      "QuotaExceeded", ["512 GPUs", "256 per job"]),
 ], ids=["image", "priority-class", "ort-image", "nodes", "gpus"])
 def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
-    plan = decide(job(**spec_over), [], now=NOW, settings=settings)
-    assert plan.status["state"] == "Failed" and plan.create == []
-    assert plan.status["failure"]["reason"] == reason
-    assert all(w in plan.status["failure"]["message"] for w in words), plan.status["failure"]["message"]
-    again = decide(job(plan.status, **spec_over), [], now=NOW, settings=settings)
+    plan = decided(job(**spec_over), [], settings=settings)
+    assert plan.status.state == "Failed" and plan.create == []
+    assert plan.status.failure.reason == reason
+    assert all(w in plan.status.failure.message for w in words), plan.status.failure.message
+    again = decided(job(plan.status, **spec_over), [], settings=settings)
     assert again.status == plan.status and not again.events  # no retry storm
 
 
 def test_guardrails_allow_what_is_allowed() -> None:
     s = Settings(allowed_image_prefixes=("registry.corp/ml/",), max_nodes_per_job=4, max_gpus_per_job=32,
                  default_image="registry.corp/ml/trainer:1")
-    plan = decide(job(nodes=4, resources={"limits": {"nvidia.com/gpu": 8}}), [], now=NOW, settings=s)
-    assert plan.status["state"] == "Created"
+    plan = decided(job(nodes=4, resources={"limits": {"nvidia.com/gpu": 8}}), [], settings=s)
+    assert plan.status.state == "Created"
 
 
 @pytest.mark.parametrize(("over", "image"), [
@@ -461,9 +415,37 @@ def test_time_to_first_step_warmup_and_rendezvous_reach_progress() -> None:
     m.rendezvous_duration.set(3.25)
     m.warmup.set(38.0)
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=1)
-    assert (p["timeToFirstStepSeconds"], p["warmupSeconds"], p["rendezvousSeconds"]) == (41.5, 38.0, 3.25)
-    assert not {"evalLoss", "evalPerplexity", "evalAccuracy", "evalF1"} & set(p)  # NaN until an evaluation ran
+    assert p is not None
+    assert (p.time_to_first_step_seconds, p.warmup_seconds, p.rendezvous_seconds) == (41.5, 38.0, 3.25)
+    assert (p.eval_loss, p.eval_perplexity, p.eval_accuracy, p.eval_f1) == (None,) * 4  # NaN until an evaluation ran
     m.eval_loss.set(0.61234)
     m.eval_accuracy.set(0.75)
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=4)
-    assert (p["evalLoss"], p["evalAccuracy"]) == (0.6123, 0.75) and "evalF1" not in p  # not scaled by nodes
+    assert p is not None and (p.eval_loss, p.eval_accuracy, p.eval_f1) == (0.6123, 0.75, None)  # not scaled by nodes
+
+
+def test_status_wire_form_is_the_crds_and_round_trips() -> None:
+    """Every field of the typed status reaches the wire under the name the CRD's status schema declares (a misspelt
+    key would be pruned by the API server), and reading the wire form back gives the same status."""
+    from dataclasses import fields
+
+    from finetune_operator.failures import Failure
+    from finetune_operator.status import Condition, Status
+
+    schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    sample = {int: 7, float: 1.5, str: "x"}
+    progress = Progress(**{f.name: NOW if f.name == "update_time" else sample[
+        {"int | None": int, "float | None": float, "str | None": str}[str(f.type)]] for f in fields(Progress)})
+    full = Status(state="Running", observed_generation=3, ready_nodes=2, wanted_nodes=4, attempt=1, restarts=1,
+                  disruptions=2, start_time=NOW, attempt_start_time=NOW, restart_requested_time=NOW,
+                  completion_time=NOW, admission_retry_time=NOW, last_restart_gap_seconds=2.5, gpu_seconds_used=10.0,
+                  gpu_seconds_lost=1.0, progress=progress,
+                  failure=Failure("TrainingError", "exit code 1", rank=1, attempt=0, exit_code=1, pod_name="ft-node-1"),
+                  conditions=[Condition("Running", True, "AllRanksRunning", "ok", NOW, 3)])
+    wire = full.to_wire()
+    assert set(wire) == set(schema)
+    assert set(wire["progress"]) == set(schema["progress"]["properties"])
+    assert set(wire["failure"]) == set(schema["failure"]["properties"])
+    assert set(wire["conditions"][0]) == set(schema["conditions"]["items"]["properties"])
+    assert wire["nodes"] == "2/4" and wire["conditions"][0]["status"] == "True"
+    assert Status.from_wire(wire) == full

@@ -1,0 +1,133 @@
+"""What one reconcile pass observes, typed: the job (its spec parsed once, its status typed) and its pods sorted into
+the gang's buckets, as JobSet sorts a JobSet's children. Built once per pass from the wire dicts; pure, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from finetune_operator.builders import JobRef
+from finetune_operator.failures import Failure, WaitingProblem, classify_pod, waiting_problem
+from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
+from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
+from finetune_operator.status import Status, parse_ts
+
+
+@dataclass(frozen=True)
+class Job:
+    """A FineTuneJob as read. ``spec`` is None when it does not parse; ``spec_error`` then says why."""
+
+    ref: JobRef
+    generation: int
+    spec: JobSpec | None
+    spec_error: str | None
+    status: Status
+    ttl_seconds_after_finished: int | None  # read from the raw spec too, so it works when the spec does not parse
+    pdb_enabled: bool
+    wire: dict[str, Any] = field(repr=False, compare=False)  # the body as read: the status write sends it back
+
+    @property
+    def wire_status(self) -> dict[str, Any]:
+        return dict(self.wire.get("status") or {})
+
+
+def read_job(wire: dict[str, Any]) -> Job:
+    meta = wire["metadata"]
+    raw_spec = wire.get("spec") or {}
+    spec: JobSpec | None = None
+    error: str | None = None
+    try:
+        check_name(meta["name"])
+        spec = parse_spec(raw_spec)
+    except (SpecError, KeyError, TypeError, ValueError) as e:
+        error = str(e)
+    ttl = raw_spec.get("ttlSecondsAfterFinished")
+    return Job(ref=JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),
+               generation=int(meta.get("generation", 1)), spec=spec, spec_error=error,
+               status=Status.from_wire(wire.get("status")),
+               ttl_seconds_after_finished=int(ttl) if isinstance(ttl, int) else None,
+               pdb_enabled=bool((raw_spec.get("podDisruptionBudget") or {}).get("enabled")), wire=wire)
+
+
+def _label_int(labels: dict[str, str], key: str) -> int:
+    try:
+        return int(labels[key])
+    except (KeyError, ValueError):
+        return -1
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One trainer pod: which attempt and rank it belongs to, its phase, and what went wrong with it."""
+
+    name: str
+    uid: str
+    owner_uid: str | None  # the controlling owner's uid
+    attempt: int
+    rank: int
+    phase: str
+    deletion: datetime | None  # deletionTimestamp: the pod is going
+    ip: str | None
+    failure: Failure | None  # failures.classify_pod
+    waiting: WaitingProblem | None  # failures.waiting_problem
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion is not None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.deleting
+
+
+def read_pod(wire: dict[str, Any]) -> PodState:
+    meta = wire["metadata"]
+    labels = meta.get("labels") or {}
+    owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    status = wire.get("status") or {}
+    return PodState(name=meta["name"], uid=meta.get("uid", ""), owner_uid=owner,
+                    attempt=_label_int(labels, LABEL_ATTEMPT), rank=_label_int(labels, LABEL_RANK),
+                    phase=str(status.get("phase") or "Pending"), deletion=parse_ts(meta.get("deletionTimestamp")),
+                    ip=status.get("podIP"), failure=classify_pod(wire), waiting=waiting_problem(wire))
+
+
+def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:
+    return [read_pod(p) for p in wire]
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A job's pods in buckets: the current attempt's by rank, earlier attempts', and a namesake's (another uid:
+    a deleted job of the same name, never counted or deleted; the garbage collector removes them)."""
+
+    current: list[PodState]
+    stale: list[PodState]
+    foreign: list[PodState]
+
+    @classmethod
+    def of(cls, pods: list[PodState], *, uid: str, attempt: int) -> Gang:
+        mine = [p for p in pods if p.owner_uid == uid]
+        return cls(current=sorted((p for p in mine if p.attempt == attempt), key=lambda p: p.rank),
+                   stale=[p for p in mine if p.attempt != attempt], foreign=[p for p in pods if p.owner_uid != uid])
+
+    @property
+    def mine(self) -> list[PodState]:
+        return [*self.current, *self.stale]
+
+    @property
+    def ranks(self) -> set[int]:
+        return {p.rank for p in self.current}
+
+    @property
+    def running(self) -> int:
+        return sum(1 for p in self.current if p.running)
+
+    @property
+    def succeeded(self) -> int:
+        return sum(1 for p in self.current if p.phase == "Succeeded")

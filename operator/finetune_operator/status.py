@@ -1,0 +1,210 @@
+"""The FineTuneJob status, typed: what a reconcile pass reads from ``status`` and writes back.
+
+A pass works on :class:`Status` (and its :class:`Progress`, :class:`Condition`) and the controller serialises it once
+with :meth:`Status.to_wire`; the camelCase keys exist only here, and a unit test checks them against the CRD's status
+schema. Times are whole seconds in UTC on the wire (``2026-12-01T05:00:00Z``). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from finetune_operator.failures import Failure
+
+# Job states (status.state), also the printer column.
+PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
+SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
+TERMINAL = (SUCCEEDED, FAILED)
+STATES = (PENDING, CREATED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+
+
+def ts(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_ts(s: str | None) -> datetime | None:
+    if not s:
+        return None
+    return datetime.fromisoformat(s).astimezone(UTC)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """``status.progress``: rank 0's training gauges (progress.parse_metrics) and the restart accounting."""
+
+    step: int | None = None
+    total_steps: int | None = None
+    step_of_total: str | None = None
+    epoch: float | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+    eta_seconds: int | None = None
+    eta: str | None = None
+    last_checkpoint_step: int | None = None
+    mfu: float | None = None
+    eval_loss: float | None = None
+    eval_perplexity: float | None = None
+    eval_accuracy: float | None = None
+    eval_f1: float | None = None
+    steps_lost_to_restarts: int | None = None
+    time_to_first_step_seconds: float | None = None
+    warmup_seconds: float | None = None
+    rendezvous_seconds: float | None = None
+    update_time: datetime | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[_camel(f.name)] = ts(value) if isinstance(value, datetime) else value
+        return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Progress:
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = _camel(f.name)
+            if d.get(key) is not None:
+                values[f.name] = parse_ts(d[key]) if f.name == "update_time" else d[key]
+        return cls(**values)
+
+    def scraped(self) -> dict[str, Any]:
+        """The fields a scrape set (all but the restart accounting and the update time)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None and f.name not in ("update_time", "steps_lost_to_restarts")}
+
+
+def merge_progress(old: Progress | None, scraped: Progress, *, now: datetime) -> Progress:
+    """Scraped fields over the old ones; updateTime moves only when something else changed (no idle writes)."""
+    base = old or Progress()
+    merged = replace(base, **scraped.scraped())
+    if replace(merged, update_time=None) != replace(base, update_time=None):
+        merged = replace(merged, update_time=now)
+    return merged
+
+
+@dataclass
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+    last_transition_time: datetime
+    observed_generation: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.type, "status": "True" if self.status else "False", "reason": self.reason,
+                "message": self.message, "lastTransitionTime": ts(self.last_transition_time),
+                "observedGeneration": self.observed_generation}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Condition:
+        return cls(type=d["type"], status=d.get("status") == "True", reason=str(d.get("reason") or ""),
+                   message=str(d.get("message") or ""),
+                   last_transition_time=parse_ts(d.get("lastTransitionTime")) or datetime.fromtimestamp(0, UTC),
+                   observed_generation=int(d.get("observedGeneration") or 0))
+
+
+@dataclass
+class Status:
+    """One job's status. ``ready_nodes``/``wanted_nodes`` are shown together as ``nodes`` ("2/4")."""
+
+    state: str | None = None
+    observed_generation: int = 0
+    ready_nodes: int = 0
+    wanted_nodes: int = 0
+    attempt: int = 0
+    restarts: int = 0
+    disruptions: int = 0
+    start_time: datetime | None = None
+    attempt_start_time: datetime | None = None  # None: the current attempt's pods are not created yet
+    restart_requested_time: datetime | None = None
+    completion_time: datetime | None = None
+    admission_retry_time: datetime | None = None
+    last_restart_gap_seconds: float | None = None
+    gpu_seconds_used: float | None = None
+    gpu_seconds_lost: float | None = None
+    failure: Failure | None = None
+    progress: Progress | None = None
+    conditions: list[Condition] = field(default_factory=list)
+
+    # -- the wire form ------------------------------------------------------------------------------
+
+    _TIMES = ("start_time", "attempt_start_time", "restart_requested_time", "completion_time", "admission_retry_time")
+    _NUMBERS = ("last_restart_gap_seconds", "gpu_seconds_used", "gpu_seconds_lost")
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.state is not None:
+            out["state"] = self.state
+        out.update(observedGeneration=self.observed_generation, nodes=f"{self.ready_nodes}/{self.wanted_nodes}",
+                   readyNodes=self.ready_nodes, attempt=self.attempt, restarts=self.restarts,
+                   disruptions=self.disruptions)
+        for name in (*self._TIMES, *self._NUMBERS):
+            value = getattr(self, name)
+            if value is not None:
+                out[_camel(name)] = ts(value) if isinstance(value, datetime) else value
+        if self.failure is not None:
+            out["failure"] = self.failure.as_status()
+        if self.progress is not None:
+            out["progress"] = self.progress.to_wire()
+        if self.conditions:
+            out["conditions"] = [c.to_wire() for c in self.conditions]
+        return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any] | None) -> Status:
+        d = d or {}
+        shown = str(d.get("nodes") or "0/0").partition("/")[2]
+        st = cls(state=d.get("state"), observed_generation=int(d.get("observedGeneration") or 0),
+                 ready_nodes=int(d.get("readyNodes") or 0), wanted_nodes=int(shown) if shown.isdigit() else 0,
+                 attempt=int(d.get("attempt") or 0), restarts=int(d.get("restarts") or 0),
+                 disruptions=int(d.get("disruptions") or 0),
+                 failure=Failure.from_status(d["failure"]) if d.get("failure") else None,
+                 progress=Progress.from_wire(d["progress"]) if d.get("progress") else None,
+                 conditions=[Condition.from_wire(c) for c in d.get("conditions") or []])
+        for name in cls._TIMES:
+            setattr(st, name, parse_ts(d.get(_camel(name))))
+        for name in cls._NUMBERS:
+            if d.get(_camel(name)) is not None:
+                setattr(st, name, float(d[_camel(name)]))
+        return st
+
+    # -- conditions ---------------------------------------------------------------------------------
+
+    def condition(self, ctype: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == ctype), None)
+
+    def set_condition(self, ctype: str, value: bool, reason: str, message: str, *, now: datetime,
+                      record_false: bool = False) -> None:
+        """Set one condition; lastTransitionTime moves only when its status flips. An absent condition already
+        reads as False, so a False one is written only when it exists (or ``record_false``)."""
+        message = message[:1024]
+        c = self.condition(ctype)
+        if c is not None:
+            if c.status != value:
+                c.last_transition_time = now
+            c.status, c.reason, c.message, c.observed_generation = value, reason, message, self.observed_generation
+            return
+        if value or record_false:
+            self.conditions.append(Condition(ctype, value, reason, message, now, self.observed_generation))
+
+    def set_state(self, state: str, *, now: datetime, reason: str, message: str) -> None:
+        self.state = state
+        self.set_condition("Running", state == RUNNING, reason if state != RUNNING else "AllRanksRunning", message,
+                           now=now)
+        self.set_condition("Restarting", state == RESTARTING, reason, message, now=now)
+        self.set_condition("Suspended", state == SUSPENDED, reason, message, now=now)
+        if state == SUCCEEDED:
+            self.set_condition("Succeeded", True, reason, message, now=now)
+        if state == FAILED:
+            self.set_condition("Failed", True, reason, message, now=now)
