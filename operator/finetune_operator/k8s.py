@@ -1,5 +1,9 @@
 """The one module that talks to the Kubernetes API. Plain dicts in and out (camelCase, as on the wire).
 
+Requests go straight through the kubernetes client's configured connection pool (TLS, client certificates, the
+bearer token and its refresh) as JSON, without the client's generated API classes: those validate every body into
+pydantic models and back, which cost more CPU than the operator's own work, and importing them more memory.
+
 Writes are idempotent: creating an object that exists is fine (409 ignored), deleting one that is gone is
 fine (404 ignored), and status writes carry the resourceVersion they were computed from, so a concurrent
 writer makes this pass fail with :class:`Conflict` and the next pass recompute.
@@ -13,7 +17,9 @@ import threading
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, urlencode
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -52,20 +58,48 @@ class Rejected(ApiError):
     Security admission, RBAC)."""
 
 
-def _message(e: ApiException) -> str:
+def _message(body: bytes, reason: str) -> str:
+    """The Status object's message of an error answer, else the HTTP reason."""
     try:
-        return str(json.loads(e.body or "{}").get("message") or e.reason)
-    except (TypeError, ValueError):
-        return str(e.reason)
+        return str(json.loads(body or b"{}").get("message") or reason)
+    except (TypeError, ValueError, AttributeError):
+        return reason
 
 
-def _mapped(e: ApiException, *, conflict: tuple[int, ...] = ()) -> ApiError:
-    code = int(e.status or 0)
+def _error(code: int, message: str, *, conflict: tuple[int, ...] = ()) -> ApiError:
     if code in conflict:
-        return Conflict(code, _message(e))
+        return Conflict(code, message)
     if code in (400, 403, 422):
-        return Rejected(code, _message(e))
-    return ApiError(code, _message(e))
+        return Rejected(code, message)
+    return ApiError(code, message)
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _core(namespace: str, plural: str, name: str | None = None) -> str:
+    path = f"/api/v1/namespaces/{_q(namespace)}/{plural}"
+    return f"{path}/{_q(name)}" if name else path
+
+
+def _group(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    path = f"/apis/{group}/{version}" + (f"/namespaces/{_q(namespace)}" if namespace else "") + f"/{plural}"
+    return f"{path}/{_q(name)}" if name else path
+
+
+def _jobs(namespace: str | None = None, name: str | None = None) -> str:
+    return _group(GROUP, VERSION, PLURAL, namespace, name)
+
+
+# Where each kind of child is created (POST) and deleted.
+_CHILDREN = {
+    "Pod": lambda ns: _core(ns, "pods"),
+    "Service": lambda ns: _core(ns, "services"),
+    "ConfigMap": lambda ns: _core(ns, "configmaps"),
+    "PersistentVolumeClaim": lambda ns: _core(ns, "persistentvolumeclaims"),
+    "PodDisruptionBudget": lambda ns: _group("policy", "v1", "poddisruptionbudgets", ns),
+}
 
 
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -81,13 +115,10 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 class Kube:
-    """Typed-enough wrapper over the Kubernetes API for the operator's needs; counts its requests."""
+    """The operator's requests to the Kubernetes API, each counted by verb."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.policy = client.PolicyV1Api(api)
         self.requests: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -95,54 +126,65 @@ class Kube:
         with self._lock:
             self.requests[verb] += 1
 
-    @staticmethod
-    def _json(resp: Any) -> dict[str, Any]:
-        return dict(json.loads(resp.data))
-
-    def _request(self, verb: str, call: Any, *args: Any, ok: tuple[int, ...] = (), conflict: tuple[int, ...] = (),
-                 **kwargs: Any) -> Any | None:
-        """One request, counted and with the timeout, its raw response returned (None for an answer in ``ok``:
-        404 for "already gone", 409 for "already exists"); any other error raised as this module's own."""
+    def _request(self, verb: str, method: str, path: str, *, body: Any = None, query: dict[str, str] | None = None,
+                 ok: tuple[int, ...] = (), conflict: tuple[int, ...] = ()) -> Any | None:
+        """One request, counted and with the timeout. Returns the urllib3 response, its body not yet read (None for
+        an answer in ``ok``: 404 for "already gone", 409 for "already exists"); raises :class:`ApiError` (or
+        :class:`Conflict` for a status in ``conflict``, :class:`Rejected`) for any other error answer or failure."""
         self._count(verb)
+        cfg = self.api.configuration
+        headers = {**self.api.default_headers, "Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        self.api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
+        url = cfg.host + path + (f"?{urlencode(query)}" if query else "")
+        rest: Any = self.api.rest_client
         try:
-            return call(*args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs)
-        except ApiException as e:
-            if e.status in ok:
-                return None
-            raise _mapped(e, conflict=conflict) from e
+            resp = rest.request(method, url, headers=headers, body=body, _request_timeout=TIMEOUT)
+        except (urllib3.exceptions.HTTPError, ApiException) as e:  # no answer: connection, TLS, timeout
+            raise ApiError(0, f"{method} {path}: {e}") from e
+        if 200 <= resp.status < 300:
+            return resp
+        data = resp.read()  # the whole error answer: the connection goes back to the pool clean
+        if resp.status in ok:
+            return None
+        raise _error(resp.status, _message(data, str(resp.reason)), conflict=conflict)
 
-    def _read(self, call: Any, *args: Any, verb: str = "get", absent_ok: bool = True) -> dict[str, Any] | None:
-        resp = self._request(verb, call, *args, ok=(404,) if absent_ok else ())
-        return None if resp is None else self._json(resp)
+    def _read(self, path: str, *, verb: str = "get", query: dict[str, str] | None = None,
+              absent_ok: bool = True) -> dict[str, Any] | None:
+        resp = self._request(verb, "GET", path, query=query, ok=(404,) if absent_ok else ())
+        return None if resp is None else dict(json.loads(resp.read()))
+
+    def _write(self, verb: str, method: str, path: str, *, body: Any = None, ok: tuple[int, ...] = ()) -> bool:
+        """A write whose answer the operator does not need; False when the answer was one of ``ok``."""
+        resp = self._request(verb, method, path, body=body, ok=ok)
+        if resp is None:
+            return False
+        _release(resp.response)
+        return True
 
     # -- reads ---------------------------------------------------------------------------------------
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._read(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+        return self._read(_jobs(namespace, name))
 
     def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        if namespace:
-            body = self._read(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                              verb="list", absent_ok=False)
-        else:
-            body = self._read(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, verb="list",
-                              absent_ok=False)
+        body = self._read(_jobs(namespace), verb="list", absent_ok=False)
         return list((body or {}).get("items", []))
 
     def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """kopf's peering object: KopfPeering in a namespace, or the ClusterKopfPeering."""
         if namespace:
-            return self._read(self.custom.get_namespaced_custom_object, "kopf.dev", "v1", namespace, "kopfpeerings",
-                              name)
-        return self._read(self.custom.get_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", name)
+            return self._read(_group("kopf.dev", "v1", "kopfpeerings", namespace, name))
+        return self._read(_group("kopf.dev", "v1", "clusterkopfpeerings", None, name))
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return self.list_pods_at(namespace, job)[0]
 
     def list_pods_at(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], int]:
         """A job's pods and the list's resourceVersion (the point in the watch stream the list reflects)."""
-        resp = self._request("list", self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_JOB}={job}")
-        body = self._json(resp)
+        body = self._read(_core(namespace, "pods"), verb="list", query={"labelSelector": f"{LABEL_JOB}={job}"},
+                          absent_ok=False) or {}
         try:
             version = int((body.get("metadata") or {}).get("resourceVersion") or 0)
         except ValueError:
@@ -150,48 +192,31 @@ class Kube:
         return list(body.get("items", [])), version
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._read(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+        return self._read(_core(namespace, "persistentvolumeclaims", name))
 
     # -- writes --------------------------------------------------------------------------------------
 
     def create(self, obj: dict[str, Any]) -> bool:
         """Create a job's child (Pod, Service, ConfigMap, claim, PDB); False when it already exists. An object the
         API server refuses raises :class:`Rejected`."""
-        create: Any = {
-            "Pod": self.core.create_namespaced_pod,
-            "Service": self.core.create_namespaced_service,
-            "ConfigMap": self.core.create_namespaced_config_map,
-            "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
-            "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
-        }[obj["kind"]]
-        resp = self._request("create", create, obj["metadata"]["namespace"], obj, ok=(409,))
-        if resp is None:
-            return False
-        _release(resp)
-        return True
+        path = _CHILDREN[obj["kind"]](obj["metadata"]["namespace"])
+        return self._write("create", "POST", path, body=obj, ok=(409,))
 
     def delete_pod(self, namespace: str, name: str, *, uid: str, grace_seconds: int | None) -> bool:
         """Delete exactly this pod (uid precondition: never a newer pod of the same name)."""
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), grace_period_seconds=grace_seconds)
-        resp = self._request("delete", self.core.delete_namespaced_pod, name, namespace, body=body, ok=(404, 409))
-        if resp is None:
-            return False
-        _release(resp)
-        return True
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        return self._write("delete", "DELETE", _core(namespace, "pods", name), body=options, ok=(404, 409))
 
     def delete_object(self, kind: str, namespace: str, name: str) -> None:
         """Delete a job's non-pod child (its PodDisruptionBudget); gone already is fine."""
-        delete: Any = {"PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget}[kind]
-        resp = self._request("delete", delete, name, namespace, ok=(404,))
-        if resp is not None:
-            _release(resp)
+        self._write("delete", "DELETE", f"{_CHILDREN[kind](namespace)}/{_q(name)}", ok=(404,))
 
     def delete_job(self, namespace: str, name: str, *, uid: str) -> None:
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid), propagation_policy="Background")
-        resp = self._request("delete", self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                             name, body=body, ok=(404, 409))
-        if resp is not None:
-            _release(resp)
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid},
+                   "propagationPolicy": "Background"}
+        self._write("delete", "DELETE", _jobs(namespace, name), body=options, ok=(404, 409))
 
     def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """PUT the status subresource with the job's resourceVersion (optimistic concurrency): a job changed or
@@ -208,9 +233,10 @@ class Kube:
             "spec": job.get("spec"),
             "status": status,
         }
-        resp = self._request("update", self.custom.replace_namespaced_custom_object_status, GROUP, VERSION,
-                             meta["namespace"], PLURAL, meta["name"], body, conflict=(404, 409))
-        return self._json(resp)
+        resp = self._request("update", "PUT", _jobs(meta["namespace"], meta["name"]) + "/status", body=body,
+                             conflict=(404, 409))
+        assert resp is not None  # nothing is "ok" here: every error raised
+        return dict(json.loads(resp.read()))
 
     def post_event(self, job: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the job (what `kubectl describe ftj` shows); failures are only logged."""
@@ -238,6 +264,6 @@ class Kube:
             "count": 1,
         }
         try:
-            _release(self._request("create", self.core.create_namespaced_event, meta["namespace"], event))
+            self._write("create", "POST", _core(meta["namespace"], "events"), body=event)
         except ApiError as e:
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)
