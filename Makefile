@@ -5,7 +5,7 @@ VENV = $(shell bash .ci/venv.sh --path)
 PY = $(VENV)/bin/python
 # The ONNX Runtime stack's venv: the ORT tests start its `finetune-trainer`.
 export FINETUNE_ORT_VENV := $(shell bash .ci/venv.sh --ort-path)
-CLUSTER = python3 -m tests.localcluster
+CLUSTER = python3 -m hack.localcluster
 
 .PHONY: help setup binaries tools cluster-up cluster-down cluster-status run test test-unit test-integration \
         test-trainer test-ort test-chart test-e2e run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
@@ -14,10 +14,10 @@ help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
 binaries: ## build (or reuse) the real Kubernetes control-plane binaries from the Go module proxy
-	@bash tests/localcluster/build.sh
+	@bash hack/localcluster/build.sh
 
 tools: ## build (or reuse) helm, promtool and controller-gen (+ Prometheus Operator CRDs) from the Go module proxy
-	@bash tests/helmtools/build.sh
+	@bash hack/helmtools/build.sh
 
 setup: binaries tools ## install everything: both venvs (cached outside the repo), Kubernetes binaries and chart tools
 	@bash .ci/venv.sh
@@ -32,7 +32,7 @@ cluster-status: ## report whether every control-plane component is alive (with t
 	@$(CLUSTER) status
 
 run: setup ## the main job: control plane, CRD, operator, node agent and the tiny FineTuneJob until it succeeds
-	@$(PY) -m tests.demo
+	@$(PY) -m hack.demo
 
 run-local: setup ## the tiny example FineTuneJob on 2 local nodes, no Kubernetes (finetune run-local)
 	@$(VENV)/bin/finetune run-local examples/tiny-job.yaml
@@ -56,13 +56,14 @@ test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, r
 	@$(PY) -m pytest -m ort
 
 lint: setup ## ruff and mypy --strict on the operator (the unit tier runs them too)
-	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit tests/localcluster && $(VENV)/bin/mypy
+	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit hack/localcluster && $(VENV)/bin/mypy
 
-generate: ## regenerate docs/reference.md (from the CRD) and the Grafana dashboard
-	@$(PY) -m tests.helmtools.crd_reference && $(PY) -m tests.helmtools.dashboard
+generate: ## regenerate docs/reference.md (from the CRD), the Grafana dashboard and the operator's copy of the config contract
+	@$(PY) -m hack.helmtools.crd_reference && $(PY) -m hack.helmtools.dashboard && $(PY) -m hack.contract
 
 verify: ## fail when generated files drift from their sources
-	@$(PY) -m tests.helmtools.crd_reference --check && $(PY) -m tests.helmtools.dashboard --check
+	@$(PY) -m hack.helmtools.crd_reference --check && $(PY) -m hack.helmtools.dashboard --check && \
+		$(PY) -m hack.contract --check
 
 test-e2e: setup ## end-to-end: operator + local node agent + real training on the real control plane (root)
 	@$(PY) -m pytest -m e2e

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.localcluster.cluster import LocalCluster
+from hack.localcluster.cluster import LocalCluster
 
 T = TypeVar("T")
 NAMESPACE = "bench"

@@ -3,7 +3,7 @@
     python bench/operator_scale.py                      # 100 jobs x 4 nodes, backstop timer every 5 s
     python bench/operator_scale.py --jobs 20 --json /tmp/scale.json
 
-What it does, in order, all on a fresh local control plane (tests/localcluster: etcd, kube-apiserver,
+What it does, in order, all on a fresh local control plane (hack/localcluster: etcd, kube-apiserver,
 kube-controller-manager; no scheduler, no kubelet, so trainer pods stay Pending, which is all the
 operator needs to create them):
 
@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import GROUP, NAMESPACE, PLURAL, VERSION, Watcher, job_manifest, wait_for  # noqa: E402
 from bench.common import Api as BaseApi  # noqa: E402
-from tests.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
+from hack.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
 
 LABEL_JOB = "finetune.dev/job-name"
 OPERATOR_RESOURCES = ("finetunejobs", "pods", "services", "configmaps", "events", "persistentvolumeclaims",

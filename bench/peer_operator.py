@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import NAMESPACE  # noqa: E402
 from bench.operator_scale import Api, Operator, Target, run  # noqa: E402
-from tests.localcluster.cluster import LocalCluster, free_port  # noqa: E402
+from hack.localcluster.cluster import LocalCluster, free_port  # noqa: E402
 
 PEER_MODULE = "github.com/kubeflow/training-operator"
 PEER_VERSION = "v1.9.4"

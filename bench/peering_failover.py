@@ -4,7 +4,7 @@
     python -m bench.peering_failover --rounds 5 --json /tmp/failover.json
     python -m bench.peering_failover --lifetime 15      # experiment: kopf's peering lifetime set to 15 s
 
-What it does, on a fresh local control plane (tests/localcluster: etcd, kube-apiserver,
+What it does, on a fresh local control plane (hack/localcluster: etcd, kube-apiserver,
 kube-controller-manager; no kubelet, so trainer pods stay Pending, which is all the operator needs to
 create them):
 
@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import GROUP, NAMESPACE, PLURAL, VERSION, Watcher, job_manifest, wait_for  # noqa: E402
 from bench.common import Api as BaseApi  # noqa: E402
-from tests.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
+from hack.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
 
 LABEL_JOB = "finetune.dev/job-name"
 PEERING = "finetune-operator"  # fixed by the operator (cli.py: peering_name)

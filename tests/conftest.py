@@ -1,6 +1,6 @@
 """Shared pytest plumbing: the real local control plane, CRDs, one namespace per test, failure dumps.
 
-The ``cluster`` fixture starts the local control plane of real binaries (see ``tests/localcluster``)
+The ``cluster`` fixture starts the local control plane of real binaries (see ``hack/localcluster``)
 once per session, or reuses the cluster named by ``$KUBECONFIG`` when that is set. Every test that
 asks for ``namespace`` gets a fresh namespace that enforces the restricted Pod Security Standard, so
 the real API server proves every pod we create passes it. When a test fails, what its namespace held
@@ -47,7 +47,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _kubectl_binary() -> str:
-    from tests.localcluster.cluster import BIN_DIR
+    from hack.localcluster.cluster import BIN_DIR
 
     built = BIN_DIR / "kubectl"
     return str(built) if built.exists() else "kubectl"
@@ -56,7 +56,7 @@ def _kubectl_binary() -> str:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """The real control plane: started here, or the one ``$KUBECONFIG`` names."""
-    from tests.localcluster.cluster import LocalCluster, ensure_binaries
+    from hack.localcluster.cluster import LocalCluster, ensure_binaries
 
     ensure_binaries()
     reuse = os.environ.get("KUBECONFIG")

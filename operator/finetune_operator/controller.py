@@ -193,22 +193,21 @@ class Controller:
         held = admission.usage_of(self.kube.list_jobs(job.ref.namespace), exclude_uid=job.ref.uid) if usage else None
         return Observed(claims=claims, usage=held)
 
-    def _pods(self, key: Key) -> list[dict[str, Any]]:
+    def _pods(self, key: Key) -> list[PodState]:
         """The job's pods from the store when it can be trusted for them, else listed (and stored)."""
-        if self.store is not None:
-            held = self.store.pods(key)
-            if held is not None:
-                return held
         if self.store is None:
-            return self.kube.list_pods(*key)
+            return read_pods(self.kube.list_pods(*key))
+        held = self.store.pods(key)
+        if held is not None:
+            return held
         seen = self.store.events_seen(key)
         pods, version = self.kube.list_pods_at(*key)
         self.store.replace_pods(key, pods, version=version, events_seen=seen)
-        return pods
+        return read_pods(pods)
 
     def _act(self, key: Key, job: Job, observed: Observed) -> Plan | None:
         namespace, name = key
-        pods = read_pods(self._pods(key))
+        pods = self._pods(key)
         plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
                       observed=observed)
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
@@ -290,8 +289,10 @@ class Controller:
         namespaces: tuple[str | None, ...] = self.settings.namespaces or (None,)
         listing = self.store is None or self._resyncs % LIST_EVERY == 0
         self._resyncs += 1
-        if listing and self.store is not None:
-            self.store.invalidate()  # and each job's pods are listed again on its next pass
+        if listing and self.store is not None and self._resyncs > 1:
+            # Each job's pods are listed again on its next pass. Not on the first tick: nothing about pods is trusted
+            # yet then (each job's are listed on its first pass), and a fresh start would list them all twice.
+            self.store.invalidate()
         for ns in namespaces:
             listed_at = time.monotonic()
             jobs = self.kube.list_jobs(ns) if listing else self.store.jobs(ns)  # type: ignore[union-attr]

@@ -85,9 +85,9 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
         key = (str(body.metadata.namespace), str(job))
         if store is not None:
             if type == "DELETED":
-                store.delete_pod(key, _plain(body))
+                store.delete_pod(key, dict(body))
             else:
-                store.put_pod(key, _plain(body))
+                store.put_pod(key, dict(body))  # read, never kept: the store keeps a PodState
             if (wait := store.waiting(key)) is not None:
                 # More of the pods the last pass created or deleted are on their way: the event that brings the last
                 # of them runs the pass (the requeue covers one that never comes).

@@ -9,8 +9,10 @@ and the fix, and becomes the ``InvalidSpec`` condition.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 TASKS = ("sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq")
@@ -28,37 +30,11 @@ RESERVED_ENV = frozenset({
 })
 RESERVED_ENV_PREFIXES = ("PET_", "FINETUNE_", "TORCHELASTIC_")
 
-# TrainingArguments fields the operator sets from typed fields: extraArgs may not override them.
-MANAGED_TRAINING_ARGS = {
-    "output_dir": "spec.output",
-    "per_device_train_batch_size": "spec.training.perDeviceBatchSize",
-    "gradient_accumulation_steps": "spec.training.gradientAccumulationSteps",
-    "learning_rate": "spec.training.learningRate",
-    "num_train_epochs": "spec.training.epochs",
-    "max_steps": "spec.training.maxSteps",
-    "seed": "spec.training.seed",
-    "save_steps": "spec.training.checkpointEverySteps",
-    "save_total_limit": "spec.training.keepCheckpoints",
-    "bf16": "spec.training.precision",
-    "fp16": "spec.training.precision",
-    "torch_compile": "spec.acceleration",
-    "eval_strategy": "spec.training.evaluation.strategy",
-    "evaluation_strategy": "spec.training.evaluation.strategy",
-    "eval_steps": "spec.training.evaluation.everySteps",
-    "resume_from_checkpoint": "(automatic: the newest complete checkpoint)",
-    "overwrite_output_dir": "spec.output",
-    "save_strategy": "spec.training.checkpointEverySteps",
-    "local_rank": "(set by torchrun)",
-    "ddp_backend": "(nccl on GPUs, gloo on CPU)",
-    "fsdp": "spec.training.sharding",
-    "fsdp_config": "spec.training.sharding",
-    "gradient_checkpointing": "spec.training.activationCheckpointing",
-    "activation_checkpointing": "spec.training.activationCheckpointing",
-    "push_to_hub": "spec.output.pushToHub",
-    "hub_model_id": "spec.output.pushToHub.repo",
-    "hub_private_repo": "spec.output.pushToHub.private",
-    "hub_token": "spec.output.pushToHub.secretRef",
-}
+# TrainingArguments fields set from typed fields, so extraArgs may not (name → the field that sets it): from the
+# trainer's config contract, of which contract.schema.json is the operator's copy (hack/contract.py).
+MANAGED_TRAINING_ARGS: dict[str, str] = json.loads(
+    resources.files("finetune_operator").joinpath("contract.schema.json").read_text(encoding="utf-8")
+)["properties"]["training"]["properties"]["extraArgs"]["x-managedBy"]
 RESERVED_MOUNTS = ("/etc/finetune", "/output", "/dev/shm", "/tmp")
 CACHE_MOUNT = "/cache"  # the shared Hugging Face cache (spec.cache), when set
 OPERATOR_VOLUMES = ("config", "output", "shm", "tmp", "hf-cache")

@@ -64,6 +64,7 @@ class PodState:
 
     name: str
     uid: str
+    resource_version: int
     owner_uid: str | None  # the controlling owner's uid
     attempt: int
     rank: int
@@ -91,7 +92,11 @@ def read_pod(wire: dict[str, Any]) -> PodState:
     labels = meta.get("labels") or {}
     owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
     status = wire.get("status") or {}
-    return PodState(name=meta["name"], uid=meta.get("uid", ""), owner_uid=owner,
+    try:
+        version = int(meta.get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        version = 0
+    return PodState(name=meta["name"], uid=meta.get("uid", ""), resource_version=version, owner_uid=owner,
                     attempt=_label_int(labels, LABEL_ATTEMPT), rank=_label_int(labels, LABEL_RANK),
                     phase=str(status.get("phase") or "Pending"), deletion=parse_ts(meta.get("deletionTimestamp")),
                     ip=status.get("podIP"), failure=classify_pod(wire), waiting=waiting_problem(wire))

@@ -12,9 +12,10 @@ a pass takes its inputs from here. Three rules keep it as correct as a fresh rea
   until the watch has delivered every one of those changes, each of which starts a pass of its own, or until
   :data:`EXPECTATION_TTL` passes, as the Kubernetes controllers do; a pass that runs meanwhile anyway lists.
 
-Objects are shared, not copied: a put hands its object over (the handlers pass their own copy of kopf's body, a
-list its freshly parsed items) and a read returns the stored object itself. Nothing mutates them: a pass reads them
-into its typed state (finetune_operator.state) and builds new objects for every write.
+Pods are kept as what a pass reads of them (:class:`finetune_operator.state.PodState`), not as the API's objects: a
+few hundred bytes each instead of tens of KiB, which is what lets one operator hold thousands of pods. Jobs are kept
+whole and shared, not copied: a put hands its object over (the handlers pass their own copy of kopf's body, a list
+its freshly parsed items) and a read returns the stored object itself; nothing mutates them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from finetune_operator.state import PodState, read_pod
 
 Key = tuple[str, str]
 EXPECTATION_TTL = 30.0  # seconds: a change the watch never delivers stops forcing lists after this
@@ -39,7 +42,7 @@ class Store:
     def __init__(self, *, clock: Any = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[Key, dict[str, Any]] = {}
-        self._pods: dict[Key, dict[str, dict[str, Any]]] = {}
+        self._pods: dict[Key, dict[str, PodState]] = {}
         self._listed: set[Key] = set()
         self._list_rv: dict[Key, int] = {}  # the resourceVersion of the job's last pod list
         self._events: dict[Key, int] = {}  # pod events applied per job (a list racing them is not trusted)
@@ -92,19 +95,19 @@ class Store:
     # -- pods ----------------------------------------------------------------------------------------
 
     def put_pod(self, key: Key, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
+        state = read_pod(pod)
         with self._lock:
             self._events[key] = self._events.get(key, 0) + 1
             pods = self._pods.setdefault(key, {})
-            held = pods.get(meta["name"])
+            held = pods.get(state.name)
             # resourceVersions grow across objects: a pod of an earlier attempt with the same name never replaces
             # a newer one, and a late event of a pod the last list no longer had does not bring it back
-            stale = _rv(pod) <= self._list_rv.get(key, 0) if held is None else _rv(pod) <= _rv(held)
-            if not stale:
-                pods[meta["name"]] = pod
-                self._satisfy(key, f"add:{meta['name']}")
-            if meta.get("deletionTimestamp"):
-                self._satisfy(key, f"del:{meta.get('uid')}")
+            floor = self._list_rv.get(key, 0) if held is None else held.resource_version
+            if state.resource_version > floor:
+                pods[state.name] = state
+                self._satisfy(key, f"add:{state.name}")
+            if state.deleting:
+                self._satisfy(key, f"del:{state.uid}")
 
     def delete_pod(self, key: Key, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -112,7 +115,7 @@ class Store:
             self._events[key] = self._events.get(key, 0) + 1
             pods = self._pods.get(key, {})
             held = pods.get(meta["name"])
-            if held is not None and held["metadata"].get("uid") == meta.get("uid"):
+            if held is not None and held.uid == meta.get("uid"):
                 del pods[meta["name"]]
             self._satisfy(key, f"del:{meta.get('uid')}")
 
@@ -128,11 +131,11 @@ class Store:
         with self._lock:
             if self._events.get(key, 0) != events_seen:
                 return
-            self._pods[key] = {p["metadata"]["name"]: p for p in pods}
+            self._pods[key] = {p.name: p for p in map(read_pod, pods)}
             self._list_rv[key] = version
             self._listed.add(key)
 
-    def pods(self, key: Key) -> list[dict[str, Any]] | None:
+    def pods(self, key: Key) -> list[PodState] | None:
         """The job's pods, or None when they must be listed (never listed, or changes still expected)."""
         with self._lock:
             if key not in self._listed:
@@ -159,10 +162,9 @@ class Store:
         already delivered are not waited for."""
         with self._lock:
             held = self._pods.get(key, {})
-            seen_uids = {p["metadata"].get("uid"): p for p in held.values()}
+            seen_uids = {p.uid: p for p in held.values()}
             marks = {f"add:{n}" for n in added if n not in held}
-            marks |= {f"del:{u}" for u in deleted
-                      if u in seen_uids and not seen_uids[u]["metadata"].get("deletionTimestamp")}
+            marks |= {f"del:{u}" for u in deleted if u in seen_uids and not seen_uids[u].deleting}
             if not marks:
                 return
             pending, _ = self._expect.get(key, (set(), 0.0))

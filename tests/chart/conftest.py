@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helmtools import Tools, ensure_tools
+from hack.helmtools import Tools, ensure_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "finetune-operator"

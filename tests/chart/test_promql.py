@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hack.helmtools import Tools
 from tests.chart import metric_names
 from tests.chart.conftest import CHART, VALUE_SETS, Helm, one
-from tests.helmtools import Tools
 
 pytestmark = pytest.mark.unit
 

@@ -148,7 +148,7 @@ def test_dashboard_configmap_is_the_file(helm: Helm) -> None:
     assert cm["data"]["finetune-jobs.json"] == (CHART / "files" / "dashboard.json").read_text().rstrip("\n")
 
 
-@pytest.mark.parametrize("module", ["tests.helmtools.dashboard", "tests.helmtools.crd_reference"])
+@pytest.mark.parametrize("module", ["hack.helmtools.dashboard", "hack.helmtools.crd_reference"])
 def test_generated_files_are_current(module: str) -> None:
     """charts/.../files/dashboard.json and docs/reference.md are generated; regenerate with
     `python -m <module>` (make generate)."""

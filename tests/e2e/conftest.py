@@ -1,5 +1,5 @@
 """End-to-end plumbing: the real control plane (``cluster``), the real operator as a subprocess, and the local
-node agent (``tests/nodeagent``) — the one test double: it stands in for kubelet + container runtime and runs
+node agent (``hack/nodeagent``) — the one test double: it stands in for kubelet + container runtime and runs
 each trainer pod's ``finetune-trainer`` as local processes in network/mount/UTS/PID namespaces of their own.
 
 Needs root and iproute2/util-linux (network namespaces); fails (never skips) without them. The trainer "image" is a
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from hack.nodeagent.agent import NodeAgent, default_image_venv
 from tests.integration.harness import Jobs, OperatorProcess
-from tests.nodeagent.agent import NodeAgent, default_image_venv
 from tests.trainer.helpers import ort_venv, ort_venv_problem
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """End to end on one machine: FineTuneJob → real operator → pods on the real API server → local node agent →
 ``finetune-trainer`` → torchrun rendezvous → DDP (gloo, CPU) → checkpoints/resume → status.
 
-Mocked: only the kubelet and container runtime (``tests/nodeagent``, a documented test double: pods run as local
+Mocked: only the kubelet and container runtime (``hack/nodeagent``, a documented test double: pods run as local
 processes in their own network/mount/UTS/PID namespaces). Real: etcd, kube-apiserver, kube-controller-manager,
 the operator process, the trainer, torch.distributed. Everything waits on observable state with timeouts; no
 duration is asserted.

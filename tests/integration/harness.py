@@ -10,11 +10,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +17,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from hack.operator_process import OperatorProcess  # noqa: F401 - re-exported for the tests
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,41 +164,3 @@ class FakeKubelet:
         self._patch(name, {"phase": "Pending", "containerStatuses": [self._container(
             {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope\""}},
             ready=False)]})
-
-
-class OperatorProcess:
-    """The operator as a real subprocess, watching one namespace, with fast timers for tests."""
-
-    def __init__(self, kubeconfig: str, namespace: str, **env: str) -> None:
-        self.kubeconfig = kubeconfig
-        self.namespace = namespace
-        self.env = {"FINETUNE_RESYNC_SECONDS": "2", "FINETUNE_METRICS_PORT": "0", "FINETUNE_HEALTH_PORT": "0",
-                    "FINETUNE_WAITING_TIMEOUT_SECONDS": "5", "FINETUNE_DEFAULT_IMAGE": "trainer:test",
-                    "FINETUNE_ORT_IMAGE": "trainer-ort:test", **env}
-        self.log = Path(tempfile.mkstemp(prefix="operator-", suffix=".log")[1])
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> OperatorProcess:
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        env.pop("KUBECONFIG", None)
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "finetune_operator.cli", "operator", "--standalone",
-                 "--kubeconfig", self.kubeconfig, "--namespace", self.namespace, "--verbose"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
-        return self
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")

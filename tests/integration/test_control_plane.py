@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from tests.localcluster.cluster import K8S_VERSION
+from hack.localcluster.cluster import K8S_VERSION
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -32,7 +32,7 @@ GPU8 = {"limits": {"nvidia.com/gpu": 8}}
 @pytest.fixture(scope="module")
 def sched() -> Iterator[Cluster]:
     """A control plane of its own, with kube-scheduler (the session's has none: its pods stay unbound)."""
-    from tests.localcluster.cluster import LocalCluster, ensure_binaries
+    from hack.localcluster.cluster import LocalCluster, ensure_binaries
 
     ensure_binaries()
     local = LocalCluster(scheduler=True)

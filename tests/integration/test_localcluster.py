@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.localcluster.cluster import ClusterError, LocalCluster, _alive, port_in_use
+from hack.localcluster.cluster import ClusterError, LocalCluster, _alive, port_in_use
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

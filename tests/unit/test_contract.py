@@ -76,8 +76,13 @@ def test_every_builder_output_parses_in_the_trainer(name: str, raw: dict[str, An
 
 
 def test_both_sides_manage_the_same_training_arguments() -> None:
-    """A key one side lets through extraArgs and the other refuses would pass admission and fail in the pod."""
-    assert set(op_spec.MANAGED_TRAINING_ARGS) == set(tr_config.MANAGED_TRAINING_ARGS)
+    """A key one side lets through extraArgs and the other refuses would pass admission and fail in the pod: both read
+    the list from the trainer's schema (the operator from its generated copy, which must not drift)."""
+    from hack import contract
+
+    assert contract.main(["--check"]) == 0, "operator/finetune_operator/contract.schema.json drifted: make generate"
+    assert tr_config.managed_training_args() == op_spec.MANAGED_TRAINING_ARGS
+    assert set(op_spec.MANAGED_TRAINING_ARGS) >= {"output_dir", "push_to_hub", "fsdp", "learning_rate"}
 
 
 @pytest.mark.parametrize(("crd_path", "trainer_field"), [

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from finetune_operator.state import PodState
 from finetune_operator.store import EXPECTATION_TTL, Store
 
 pytestmark = pytest.mark.unit
@@ -24,8 +25,8 @@ def pod(name: str, rv: int, uid: str | None = None, *, deleting: bool = False) -
     return {"metadata": meta, "status": {"phase": "Running"}}
 
 
-def names(pods: list[dict[str, Any]] | None) -> list[str] | None:
-    return None if pods is None else sorted(p["metadata"]["name"] for p in pods)
+def names(pods: list[PodState] | None) -> list[str] | None:
+    return None if pods is None else sorted(p.name for p in pods)
 
 
 def test_a_job_is_replaced_only_by_a_newer_version_and_an_echo_is_not_news() -> None:
@@ -48,7 +49,7 @@ def test_pods_are_served_only_after_a_list() -> None:
                        events_seen=store.events_seen(KEY))  # the list started after that event
     assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
     store.put_pod(KEY, {**pod("ft-node-0", 8), "status": {"phase": "Pending"}})  # older: ignored
-    assert {p["status"]["phase"] for p in store.pods(KEY) or []} == {"Running"}
+    assert {p.phase for p in store.pods(KEY) or []} == {"Running"}
     store.delete_pod(KEY, pod("ft-node-1", 11))
     assert names(store.pods(KEY)) == ["ft-node-0"]
     store.invalidate()
@@ -92,7 +93,7 @@ def test_a_list_that_raced_pod_events_is_not_trusted() -> None:
     assert store.pods(KEY) is None  # the next pass lists again
     seen = store.events_seen(KEY)
     store.replace_pods(KEY, [{**pod("ft-node-0", 12), "status": {"phase": "Failed"}}], version=13, events_seen=seen)
-    assert [p["status"]["phase"] for p in store.pods(KEY) or []] == ["Failed"]
+    assert [p.phase for p in store.pods(KEY) or []] == ["Failed"]
 
 
 def test_a_late_event_of_an_earlier_attempts_pod_does_not_come_back() -> None:
@@ -107,4 +108,4 @@ def test_a_late_event_of_an_earlier_attempts_pod_does_not_come_back() -> None:
     assert store.waiting(KEY) is None
     store.put_pod(KEY, pod("ft-node-0", 95, uid="old"))
     store.delete_pod(KEY, pod("ft-node-0", 96, uid="old"))  # uid-guarded: the new pod stays
-    assert [p["metadata"]["uid"] for p in store.pods(KEY) or []] == ["new"]
+    assert [p.uid for p in store.pods(KEY) or []] == ["new"]

@@ -28,40 +28,6 @@ Acceleration = Literal["auto", "ort", "compile", "none"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 FORMAT_BY_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
-# TrainingArguments the trainer owns: setting them through extraArgs would break checkpoints or metrics.
-MANAGED_TRAINING_ARGS = frozenset(
-    {
-        "output_dir",
-        "overwrite_output_dir",
-        "save_strategy",
-        "save_steps",
-        "save_total_limit",
-        "resume_from_checkpoint",
-        "local_rank",
-        "ddp_backend",
-        "max_steps",
-        "num_train_epochs",
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "learning_rate",
-        "seed",
-        "bf16",
-        "fp16",
-        "torch_compile",
-        "eval_strategy",
-        "evaluation_strategy",
-        "eval_steps",
-        "fsdp",
-        "fsdp_config",
-        "gradient_checkpointing",
-        "activation_checkpointing",
-        "push_to_hub",
-        "hub_model_id",
-        "hub_private_repo",
-        "hub_token",
-    }
-)
-
 
 @dataclass(frozen=True)
 class JobRef:
@@ -242,6 +208,13 @@ def schema_path() -> str:
     return str(resources.files("finetune_trainer").joinpath("config.schema.json"))
 
 
+def managed_training_args() -> dict[str, str]:
+    """TrainingArguments fields the trainer sets from typed fields (name → the FineTuneJob field that sets it), so
+    extraArgs may not: ``x-managedBy`` of ``training.extraArgs`` in the schema, the one list both the trainer and the
+    operator (its copy of this schema) read."""
+    return dict(schema()["properties"]["training"]["properties"]["extraArgs"]["x-managedBy"])
+
+
 def _relaxed(node: Any) -> Any:
     """The schema without ``additionalProperties: false``: accepts fields added by a newer minor version."""
     if isinstance(node, dict):
@@ -400,11 +373,12 @@ def parse_config(raw: dict[str, Any]) -> Config:
         raise ConfigError(
             "training.evaluation.everySteps", "strategy 'steps' needs spec.training.evaluation.everySteps"
         )
+    managed = managed_training_args()
     for key in training.extra_args:
-        if key in MANAGED_TRAINING_ARGS:
+        if key in managed:
             raise ConfigError(
                 f"training.extraArgs.{key}",
-                f"{key!r} is set by the trainer from the FineTuneJob spec and cannot be overridden in extraArgs",
+                f"{key!r} is set by the trainer from {managed[key]} and cannot be overridden in extraArgs",
             )
 
     if training.sharding == "fsdp" and lora is not None and lora.quantization:

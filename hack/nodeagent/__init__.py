@@ -2,7 +2,7 @@
 
 Used by the end-to-end tests (``tests/e2e``) and runnable on its own::
 
-    python -m tests.nodeagent --kubeconfig K --node local-agent --claims-dir DIR [--namespace NS]
+    python -m hack.nodeagent --kubeconfig K --node local-agent --claims-dir DIR [--namespace NS]
 
 What it does, like a kubelet: registers a ``Node`` (Ready, capacity, a heartbeat ``Lease`` in
 ``kube-node-lease`` and node status every 10 s); binds unscheduled FineTuneJob pods (label
@@ -29,6 +29,6 @@ the namespace whose headless Service exists; no Service VIPs, no egress; no ``ku
 are files under ``<state-dir>/logs``).
 """
 
-from tests.nodeagent.agent import NodeAgent, PodRun
+from hack.nodeagent.agent import NodeAgent, PodRun
 
 __all__ = ["NodeAgent", "PodRun"]

@@ -409,7 +409,7 @@ def default_state_dir() -> Path:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tests.localcluster",
+    ap = argparse.ArgumentParser(prog="python -m hack.localcluster",
                                  description="A local control plane of real Kubernetes binaries.")
     ap.add_argument("command", choices=["build", "up", "down", "status"])
     ap.add_argument("--dir", type=Path, default=default_state_dir(),

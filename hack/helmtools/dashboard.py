@@ -1,7 +1,7 @@
 """Generate the chart's Grafana dashboard (charts/finetune-operator/files/dashboard.json).
 
-    python -m tests.helmtools.dashboard          # rewrite the file
-    python -m tests.helmtools.dashboard --check  # exit 1 when the committed file differs (drift gate)
+    python -m hack.helmtools.dashboard          # rewrite the file
+    python -m hack.helmtools.dashboard --check  # exit 1 when the committed file differs (drift gate)
 
 The dashboard is written as data here, so every panel's PromQL sits next to its title and the chart test can
 parse each expression with promtool and check its metric names (tests/chart/metric_names.py).
@@ -318,7 +318,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python -m tests.helmtools.dashboard", file=sys.stderr)
+            print(f"{OUT.relative_to(ROOT)} is stale: run python -m hack.helmtools.dashboard", file=sys.stderr)
             return 1
         return 0
     OUT.write_text(text)

@@ -1,4 +1,4 @@
-"""The local node agent: a test double for kubelet + container runtime (see ``tests/nodeagent/__init__.py``)."""
+"""The local node agent: a test double for kubelet + container runtime (see ``hack/nodeagent/__init__.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import psutil
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from tests.nodeagent.network import Bridge, PodNetwork
+from hack.nodeagent.network import Bridge, PodNetwork
 
 log = logging.getLogger("nodeagent")
 

@@ -1,6 +1,6 @@
 """Chart test tools built from the Go module proxy: helm, promtool, controller-gen and the Prometheus Operator CRDs.
 
-``ensure_tools()`` runs ``tests/helmtools/build.sh`` (a no-op when its cache is complete) and returns the tools
+``ensure_tools()`` runs ``hack/helmtools/build.sh`` (a no-op when its cache is complete) and returns the tools
 directory: ``bin/helm``, ``bin/promtool``, ``bin/controller-gen`` and ``crds/monitoring.coreos.com_*.yaml``.
 """
 

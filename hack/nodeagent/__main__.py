@@ -1,4 +1,4 @@
-"""``python -m tests.nodeagent``: run the local node agent until SIGINT/SIGTERM."""
+"""``python -m hack.nodeagent``: run the local node agent until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import logging
 import signal
 import threading
 
-from tests.nodeagent.agent import NodeAgent
+from hack.nodeagent.agent import NodeAgent
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.nodeagent", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m hack.nodeagent", description=__doc__)
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--node", default="local-agent", help="Node name to register (default: local-agent)")
     ap.add_argument("--claims-dir", required=True, help="PVC <claimName> in <ns> = <claims-dir>/<ns>/<claimName>")

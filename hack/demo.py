@@ -1,10 +1,10 @@
 """The README's main job: the whole loop on one machine.
 
 A real control plane (etcd, kube-apiserver, kube-controller-manager), the CRD, the operator, the local node
-agent (the kubelet stand-in: tests/nodeagent) and examples/tiny-job.yaml — printing the job's status until it
+agent (the kubelet stand-in: hack/nodeagent) and examples/tiny-job.yaml — printing the job's status until it
 finishes, then the trainer's result.json. Everything is torn down at the end.
 
-    python -m tests.demo [--manifest examples/tiny-job.yaml] [--keep]
+    python -m hack.demo [--manifest examples/tiny-job.yaml] [--keep]
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import yaml
 
-from tests.integration.harness import OperatorProcess
-from tests.localcluster.cluster import BIN_DIR, LocalCluster
-from tests.nodeagent.agent import NodeAgent
+from hack.localcluster.cluster import BIN_DIR, LocalCluster
+from hack.nodeagent.agent import NodeAgent
+from hack.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "finetune-demo"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m hack.demo", description=__doc__)
     ap.add_argument("--manifest", default=str(ROOT / "examples" / "tiny-job.yaml"))
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args(argv)

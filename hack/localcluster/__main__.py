@@ -1,0 +1,5 @@
+import sys
+
+from hack.localcluster.cluster import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from tests.localcluster.cluster import main
-
-sys.exit(main())
