@@ -29,6 +29,8 @@ def configure_kopf(settings: kopf.OperatorSettings, *, peering_priority: int, pe
     # No cluster-wide CRD/namespace scanning: the chart's namespaced RBAC does not grant it, and the
     # resources and namespaces are given explicitly.
     settings.scanning.disabled = True
+    # The pod watch carries only trainer pods: filtered by the API server, not after the fact in this process.
+    settings.watching.label_selectors["", "v1", "pods"] = LABEL_JOB
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30

@@ -283,3 +283,18 @@ def test_operator_disables_kopf_scanning() -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings, peering_priority=1)
     assert settings.scanning.disabled
+
+
+def test_operator_watches_only_trainer_pods() -> None:
+    """The pod watch is filtered by the API server on the job label, so the operator never receives (or parses) the
+    namespace's other pods."""
+    import kopf
+    from finetune_operator.handlers import configure_kopf
+
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, peering_priority=1)
+    pods = kopf.Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+    assert list(settings.watching.label_selectors.collect(pods)) == ["finetune.dev/job-name"]
+    jobs = kopf.Resource(group="finetune.dev", version="v1alpha1", plural="finetunejobs", kind="FineTuneJob",
+                    namespaced=True)
+    assert list(settings.watching.label_selectors.collect(jobs)) == []
