@@ -213,18 +213,26 @@ class Controller:
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
                   plan.status.state, len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
 
-        for obj in plan.create:
-            try:
-                created = self.kube.create(obj)
-            except Rejected as e:
-                plan = create_rejected(job, read_pods(self.kube.list_pods(namespace, name)),
-                                       what=f"{obj['kind']} {obj['metadata']['name']}", code=e.code,
-                                       message=e.message, now=self.clock(), settings=self.settings)
-                break
-            if created and obj["kind"] == "Pod":
-                self.metrics.pods_created.inc()
-        if self.store is not None:
-            self.store.expect(key, added=[o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"])
+        new_pods = [o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"]
+        if self.store is not None and new_pods:
+            # Before the creates: the watch may deliver a pod before the last create returns.
+            self.store.expect(key, added=new_pods)
+        sent: set[str] = set()
+        try:
+            for obj in plan.create:
+                try:
+                    created = self.kube.create(obj)
+                except Rejected as e:
+                    plan = create_rejected(job, read_pods(self.kube.list_pods(namespace, name)),
+                                           what=f"{obj['kind']} {obj['metadata']['name']}", code=e.code,
+                                           message=e.message, now=self.clock(), settings=self.settings)
+                    break
+                sent.add(obj["metadata"]["name"])
+                if created and obj["kind"] == "Pod":
+                    self.metrics.pods_created.inc()
+        finally:
+            if self.store is not None and (unsent := [n for n in new_pods if n not in sent]):
+                self.store.unexpect(key, added=unsent)  # never created: no event will come for them
         status = plan.status.to_wire()  # serialised once: the write, and the test for "nothing changed"
         if status != job.wire_status:
             written = self.kube.replace_status(job.wire, status)

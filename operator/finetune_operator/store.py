@@ -170,6 +170,12 @@ class Store:
             pending, _ = self._expect.get(key, (set(), 0.0))
             self._expect[key] = (pending | marks, self._clock() + EXPECTATION_TTL)
 
+    def unexpect(self, key: Key, *, added: Sequence[str]) -> None:
+        """Pods :meth:`expect` was told about that were not created after all (the API server refused the gang)."""
+        with self._lock:
+            for name in added:
+                self._satisfy(key, f"add:{name}")
+
     def _satisfy(self, key: Key, mark: str) -> None:
         pending = self._expect.get(key)
         if pending is not None:

@@ -84,6 +84,18 @@ def test_changes_the_watch_delivered_before_the_pass_noted_them_are_not_waited_f
     assert store.pods(KEY) is None and store.job(KEY) is None
 
 
+def test_pods_expected_but_never_created_are_not_waited_for() -> None:
+    """The pass notes the gang's pods before it creates them; when the API server refuses the second, only the first
+    is still awaited."""
+    store = Store()
+    store.replace_pods(KEY, [])
+    store.expect(KEY, added=["ft-node-0", "ft-node-1"])
+    store.unexpect(KEY, added=["ft-node-1"])
+    assert store.waiting(KEY) is not None
+    store.put_pod(KEY, pod("ft-node-0", 4))
+    assert store.waiting(KEY) is None and names(store.pods(KEY)) == ["ft-node-0"]
+
+
 def test_a_list_that_raced_pod_events_is_not_trusted() -> None:
     """A pod failed (its event applied) while the list was in flight: the older list must not overwrite it."""
     store = Store()
