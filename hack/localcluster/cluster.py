@@ -6,7 +6,8 @@ the service-account signing key, kubeconfigs, etcd's data and each component's l
 state directory (a temp dir by default), never in the repository.
 
 What is real and what is not:
-- kube-apiserver with RBAC authorization, the default admission chain (PodSecurity, ServiceAccount, …),
+- kube-apiserver with RBAC authorization, the default admission chain (PodSecurity, ServiceAccount, …) plus
+  OwnerReferencesPermissionEnforcement (as on OpenShift),
   TokenRequest (service-account tokens signed by a generated key), CRDs, CEL validation;
 - kube-controller-manager with an explicit controller list: the garbage collector (owner-reference
   cleanup, foreground deletion), namespace deletion, service accounts (every namespace gets ``default``)
@@ -272,6 +273,8 @@ class LocalCluster:
                 f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
                 "--authorization-mode=RBAC",
+                # as OpenShift: blockOwnerDeletion needs update on the owner's finalizers (the chart grants it)
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",

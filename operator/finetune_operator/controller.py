@@ -10,17 +10,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from finetune_operator import admission
 from finetune_operator.admission import Observed
-from finetune_operator.k8s import Conflict, Kube, Rejected
+from finetune_operator.k8s import CREATED, FOREIGN, Conflict, Kube, Rejected
 from finetune_operator.metrics import OperatorMetrics
-from finetune_operator.progress import parse_metrics
-from finetune_operator.reconcile import Plan, create_rejected, decide
+from finetune_operator.reconcile import Plan, create_rejected, decide, namesake_in_the_way
+from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
 from finetune_operator.state import Job, PodState, read_job, read_pods
 from finetune_operator.status import PENDING, RUNNING, STATES, TERMINAL, Progress
@@ -28,19 +27,10 @@ from finetune_operator.store import Store
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
-MAX_METRICS_BYTES = 1 << 20  # a trainer's page is a few KiB; never read an unbounded body into the operator
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def fetch_metrics(url: str, timeout: float = 2.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        body = r.read(MAX_METRICS_BYTES + 1)
-    if len(body) > MAX_METRICS_BYTES:
-        raise ValueError(f"{url}: metrics page larger than {MAX_METRICS_BYTES} bytes")
-    return str(body.decode("utf-8", errors="replace"))
 
 
 LIST_EVERY = 10  # backstop ticks between lists of the jobs when a store serves them
@@ -62,9 +52,9 @@ class Controller:
         self._due: dict[Key, float] = {}
         self._dirty: set[Key] = set()  # jobs with a watch event that no pass has looked at yet
         self._states: dict[Key, str] = {}
-        self._scraped: dict[Key, float] = {}
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
-        self.fetch = fetch_metrics
+        # Rank 0's metrics, read off the reconcile path (finetune_operator.scrape); a finished scrape asks for a pass.
+        self.scraper = Scraper(interval=settings.progress_interval_seconds, on_done=lambda key: self.requeue(key, 0))
         # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
         self.active: Callable[[], bool] = lambda: True
 
@@ -84,11 +74,11 @@ class Controller:
     def forget(self, key: Key) -> None:
         if self.store is not None:
             self.store.drop(key)
+        self.scraper.forget(key)
         with self._guard:  # the lock itself stays: a pass may hold it or wait on it right now
             self._due.pop(key, None)
             self._dirty.discard(key)
             self._states.pop(key, None)
-            self._scraped.pop(key, None)
             self._passed.pop(key, None)
         self._export_states()
 
@@ -220,15 +210,18 @@ class Controller:
         sent: set[str] = set()
         try:
             for obj in plan.create:
+                what = f"{obj['kind']} {obj['metadata']['name']}"
                 try:
                     created = self.kube.create(obj)
                 except Rejected as e:
-                    plan = create_rejected(job, read_pods(self.kube.list_pods(namespace, name)),
-                                           what=f"{obj['kind']} {obj['metadata']['name']}", code=e.code,
-                                           message=e.message, now=self.clock(), settings=self.settings)
+                    plan = create_rejected(job, read_pods(self.kube.list_pods(namespace, name)), what=what,
+                                           code=e.code, message=e.message, now=self.clock(), settings=self.settings)
+                    break
+                if created == FOREIGN:
+                    plan = namesake_in_the_way(job, what=what, now=self.clock(), settings=self.settings)
                     break
                 sent.add(obj["metadata"]["name"])
-                if created and obj["kind"] == "Pod":
+                if created == CREATED and obj["kind"] == "Pod":
                     self.metrics.pods_created.inc()
         finally:
             if self.store is not None and (unsent := [n for n in new_pods if n not in sent]):
@@ -268,25 +261,17 @@ class Controller:
         return plan
 
     def _scrape(self, key: Key, job: Job, pods: list[PodState]) -> Progress | None:
-        """Rank 0's metrics for a running job, at most once per progress interval; a failed scrape is
-        only logged (it never fails the job)."""
+        """The newest finished scrape of rank 0's metrics for a running job; the next one starts in the background
+        when the progress interval has passed (a slow or failed scrape never holds this pass, nor fails the job)."""
         if job.status.state != RUNNING or not self.settings.progress_interval_seconds or job.spec is None:
-            return None
-        now = time.monotonic()
-        if now - self._scraped.get(key, -1e9) < self.settings.progress_interval_seconds:
             return None
         rank0 = [p for p in pods if p.rank == 0 and p.attempt == job.status.attempt and p.ip
                  and p.owner_uid == job.ref.uid]
-        if not rank0:
-            return None
-        self._scraped[key] = now
-        self.requeue(key, self.settings.progress_interval_seconds)
-        url = f"http://{rank0[0].ip}:{METRICS_PORT}/metrics"
-        try:
-            return parse_metrics(self.fetch(url), nodes=job.spec.nodes)
-        except Exception as e:  # a scrape failure never fails the job
-            log.debug("%s/%s: scraping %s failed: %s", key[0], key[1], url, e)
-            return None
+        url = f"http://{rank0[0].ip}:{METRICS_PORT}/metrics" if rank0 else None
+        progress = self.scraper.take(key, url, nodes=job.spec.nodes)
+        if url is not None:
+            self.requeue(key, self.settings.progress_interval_seconds)
+        return progress
 
     # -- the backstop ---------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from finetune_operator.settings import Settings
-from finetune_operator.spec import JobSpec
+from finetune_operator.spec import CODE_LOADING_ENV, KUEUE_PRIORITY_LABEL, JobSpec
 
 
 @dataclass(frozen=True)
@@ -15,9 +15,39 @@ class Violation:
     message: str
 
 
+def image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
+    """``image`` starts with one of ``prefixes`` at a boundary: ``registry.corp/ml`` allows ``registry.corp/ml/x:1`` and
+    ``registry.corp/ml:2``, never ``registry.corp/ml-evil/x`` (a prefix is a repository path, not a string prefix)."""
+    for prefix in prefixes:
+        if image == prefix or (image.startswith(prefix) and (prefix[-1] in "/:@" or image[len(prefix)] in "/:@")):
+            return True
+    return False
+
+
+# Where the trainer images keep their code (uv-managed Python, the venv, the system): a volume mounted over them
+# would replace the image's code, which an image allowlist is there to pin.
+IMAGE_CODE_PATHS = ("/opt", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/root", "/home")
+
+
+def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
+    """With an image allowlist, the code that runs must be the image's: no env that loads code from elsewhere, no
+    volume over the image's code."""
+    allowed = "the platform allows only its own trainer images (Helm value guardrails.allowedImagePrefixes)"
+    for i, e in enumerate(spec.env):
+        if e.get("name") in CODE_LOADING_ENV:
+            return Violation("InvalidSpec", f"spec.env[{i}].name: {e['name']} would load code from outside the "
+                             f"image; {allowed}: put the code in an allowed image")
+    for i, v in enumerate(spec.pod_template.volumes):
+        mp = v.mount_path.rstrip("/") or "/"
+        if mp == "/" or any(mp == c or mp.startswith(c + "/") or c.startswith(mp + "/") for c in IMAGE_CODE_PATHS):
+            return Violation("InvalidSpec", f"spec.podTemplate.volumes[{i}].mountPath: {v.mount_path} would mount "
+                             f"over the image's own files; {allowed}: mount data elsewhere (e.g. /data)")
+    return None
+
+
 def check(spec: JobSpec, settings: Settings) -> Violation | None:
     image = settings.trainer_image(acceleration=spec.acceleration, image=spec.image)
-    if settings.allowed_image_prefixes and not image.startswith(settings.allowed_image_prefixes):
+    if settings.allowed_image_prefixes and not image_allowed(image, settings.allowed_image_prefixes):
         allowed = f"allowed prefixes: {', '.join(settings.allowed_image_prefixes)} (Helm value " \
                   "guardrails.allowedImagePrefixes)"
         if spec.image:
@@ -26,11 +56,22 @@ def check(spec: JobSpec, settings: Settings) -> Violation | None:
         return Violation("InvalidSpec", f"the operator's trainer image {image} for acceleration {spec.acceleration} "
                          f"(Helm value {value}) is outside its own allowlist; {allowed}: ask the platform team to "
                          "fix the chart's values, or set spec.image to an allowed image")
+    if settings.allowed_image_prefixes and (pinned := _pins_images(spec, settings)) is not None:
+        return pinned
     pc = spec.pod_template.priority_class_name
     if settings.allowed_priority_classes and pc is not None and pc not in settings.allowed_priority_classes:
         allowed = ", ".join(settings.allowed_priority_classes)
         return Violation("InvalidSpec", f"spec.podTemplate.priorityClassName: {pc} is not allowed; allowed: "
                          f"{allowed} (Helm value guardrails.allowedPriorityClasses)")
+    kueue_pc = spec.pod_template.labels.get(KUEUE_PRIORITY_LABEL)
+    if settings.allowed_priority_classes and kueue_pc is not None and kueue_pc not in settings.allowed_priority_classes:
+        allowed = ", ".join(settings.allowed_priority_classes)
+        return Violation("InvalidSpec", f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']: {kueue_pc} is not "
+                         f"allowed; allowed: {allowed} (Helm value guardrails.allowedPriorityClasses)")
+    if spec.model.trust_remote_code and not settings.allow_trust_remote_code:
+        return Violation("InvalidSpec", "spec.model.trustRemoteCode: the platform does not run code from model "
+                         "repositories (Helm value guardrails.allowTrustRemoteCode is false); use a model whose "
+                         "architecture transformers ships")
     if settings.max_nodes_per_job and spec.nodes > settings.max_nodes_per_job:
         return Violation("QuotaExceeded", f"spec.nodes={spec.nodes} exceeds the limit of {settings.max_nodes_per_job} "
                          "nodes per job (Helm value guardrails.maxNodesPerJob)")

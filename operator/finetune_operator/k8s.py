@@ -114,6 +114,14 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return api
 
 
+CREATED, EXISTS, FOREIGN = "created", "exists", "foreign"  # what Kube.create found
+
+
+def _controller_uid(obj: dict[str, Any]) -> str | None:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller")), None)
+
+
 class Kube:
     """The operator's requests to the Kubernetes API, each counted by verb."""
 
@@ -196,11 +204,22 @@ class Kube:
 
     # -- writes --------------------------------------------------------------------------------------
 
-    def create(self, obj: dict[str, Any]) -> bool:
-        """Create a job's child (Pod, Service, ConfigMap, claim, PDB); False when it already exists. An object the
-        API server refuses raises :class:`Rejected`."""
-        path = _CHILDREN[obj["kind"]](obj["metadata"]["namespace"])
-        return self._write("create", "POST", path, body=obj, ok=(409,))
+    def create(self, obj: dict[str, Any]) -> str:
+        """Create a job's child (Pod, Service, ConfigMap, claim, PDB): :data:`CREATED`, :data:`EXISTS` (ours already,
+        or an ownerless object such as a retained claim) or :data:`FOREIGN` (an object of the same name controlled by
+        another owner: a deleted job of the same name whose children the garbage collector has not removed yet; never
+        adopted). An object the API server refuses raises :class:`Rejected`."""
+        meta = obj["metadata"]
+        path = _CHILDREN[obj["kind"]](meta["namespace"])
+        if self._write("create", "POST", path, body=obj, ok=(409,)):
+            return CREATED
+        owner = _controller_uid(obj)
+        if owner is None:
+            return EXISTS
+        held = self._read(f"{path}/{_q(meta['name'])}")
+        if held is None:  # gone since: the next pass creates it
+            return FOREIGN
+        return EXISTS if _controller_uid(held) == owner else FOREIGN
 
     def delete_pod(self, namespace: str, name: str, *, uid: str, grace_seconds: int | None) -> bool:
         """Delete exactly this pod (uid precondition: never a newer pod of the same name)."""

@@ -225,6 +225,9 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     if any(pod.deleting for pod in gang.current):  # the ranks of a refused creation are still going
         p.plan.requeue_after = 1.0
         return
+    if gang.foreign:  # a deleted namesake's pods still hold the names (checkpointing on SIGTERM, say)
+        _wait_for_namesake(p, f"pod {gang.foreign[0].name}")
+        return
     claims = admission.check_claims(p.job.ref.name, spec, observed.claims)
     if claims is not None:
         _refuse(p, gang.mine, reason=claims.reason, message=claims.message)
@@ -411,6 +414,30 @@ def _wait_quota(p: _Pass, message: str) -> None:
         p.event("Warning", "QuotaExceeded", message)
     p.plan.requeue_after = QUOTA_RETRY_SECONDS
     st.admission_retry_time = p.now + timedelta(seconds=QUOTA_RETRY_SECONDS)
+
+
+def _wait_for_namesake(p: _Pass, what: str) -> None:
+    """A child name this job needs is still held by a deleted FineTuneJob of the same name (another uid): wait for the
+    garbage collector, never adopt it (its pods would count as this job's, its ConfigMap carry the old config)."""
+    st = p.st
+    message = (f"waiting for {what}, left by a deleted FineTuneJob of the same name, to be removed; its pods may "
+               "still be saving a checkpoint")
+    before = p.job.status.condition("Created")
+    st.set_condition("Created", False, "PreviousJobTerminating", message, now=p.now, record_false=True)
+    if st.state is None:
+        st.state = PENDING
+    if before is None or before.reason != "PreviousJobTerminating":
+        p.event("Normal", "PreviousJobTerminating", message)
+    p.plan.requeue_after = 2.0
+
+
+def namesake_in_the_way(job: Job, *, what: str, now: datetime, settings: Settings) -> Plan:
+    """A create found ``what`` owned by another uid: this pass's attempt does not start; the job waits and retries."""
+    st = copy.deepcopy(job.status)
+    st.observed_generation = job.generation
+    p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st))
+    _wait_for_namesake(p, what)
+    return p.plan
 
 
 def create_rejected(job: Job, pods: list[PodState], *, what: str, code: int, message: str, now: datetime,

@@ -62,6 +62,7 @@ class Settings:
     # Tenant guardrails (empty / 0: no limit).
     allowed_image_prefixes: tuple[str, ...] = ()
     allowed_priority_classes: tuple[str, ...] = ()
+    allow_trust_remote_code: bool = True  # False: spec.model.trustRemoteCode is refused
     max_nodes_per_job: int = 0
     max_gpus_per_job: int = 0
     max_nodes_per_namespace: int = 0  # across the namespace's active jobs; a job over it waits (QuotaExceeded)
@@ -91,6 +92,8 @@ class Settings:
             health_port=_int("FINETUNE_HEALTH_PORT", cls.health_port),
             allowed_image_prefixes=_list("FINETUNE_ALLOWED_IMAGE_PREFIXES"),
             allowed_priority_classes=_list("FINETUNE_ALLOWED_PRIORITY_CLASSES"),
+            allow_trust_remote_code=os.environ.get("FINETUNE_ALLOW_TRUST_REMOTE_CODE", "true").lower()
+            not in ("0", "false", "no"),
             max_nodes_per_job=_int("FINETUNE_MAX_NODES_PER_JOB", 0),
             max_gpus_per_job=_int("FINETUNE_MAX_GPUS_PER_JOB", 0),
             max_nodes_per_namespace=_int("FINETUNE_MAX_NODES_PER_NAMESPACE", 0),

@@ -29,6 +29,17 @@ RESERVED_ENV = frozenset({
     "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HF_TOKEN",
 })
 RESERVED_ENV_PREFIXES = ("PET_", "FINETUNE_", "TORCHELASTIC_")
+# Env the NVIDIA container runtime reads to expose GPUs and driver capabilities: set by a tenant, they would reach
+# GPUs the pod never requested (the device plugin sets them from the pod's nvidia.com/gpu request). Reserved too.
+GPU_VISIBILITY_ENV = frozenset({
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+})
+# Env that loads code from outside the image; refused where the platform restricts images (guardrails).
+CODE_LOADING_ENV = frozenset({"LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
+                              "PYTHONUSERBASE", "PYTHONSAFEPATH"})
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass: checked like priorityClassName
 
 # TrainingArguments fields set from typed fields, so extraArgs may not (name → the field that sets it): from the
 # trainer's config contract, of which contract.schema.json is the operator's copy (hack/contract.py).
@@ -270,6 +281,10 @@ ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce
 
 
 def _parse_output(out: dict[str, Any], nodes: int) -> Output:
+    path = out.get("path")
+    if path is not None and any(seg in ("", ".", "..") for seg in str(path).split("/")):
+        raise SpecError("spec.output.path", f"{path!r}: a directory inside the claim, without '.' or '..' segments "
+                        "(it may not leave the claim or reach another job's directory)")
     claim, template = out.get("claimName"), out.get("volumeClaimTemplate")
     if (claim is None) == (template is None):
         raise SpecError("spec.output", "set exactly one of spec.output.claimName (an existing claim) or "
@@ -384,6 +399,9 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     env = tuple(dict(e) for e in _get(spec, "env", ()))
     for i, e in enumerate(env):
         name = str(e.get("name", ""))
+        if name in GPU_VISIBILITY_ENV:
+            raise SpecError(f"spec.env[{i}].name", f"{name} decides which GPUs the container sees; the device plugin "
+                            "sets it from resources.limits['nvidia.com/gpu'], ask for GPUs there")
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             raise SpecError(f"spec.env[{i}].name", f"{name} is reserved by the rendezvous contract; remove it")
 
@@ -443,6 +461,13 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     for k in pod_template.labels:
         if k.startswith("finetune.dev/"):
             raise SpecError(f"spec.podTemplate.labels['{k}']", "the finetune.dev/ prefix is reserved; rename it")
+        if k.startswith(KUEUE_PREFIX) and k != KUEUE_PRIORITY_LABEL:
+            raise SpecError(f"spec.podTemplate.labels['{k}']", "Kueue's labels are set by the operator (its pod "
+                            "groups); use spec.queueName to queue the job")
+    for k in pod_template.annotations:
+        if k.startswith(KUEUE_PREFIX):
+            raise SpecError(f"spec.podTemplate.annotations['{k}']", "Kueue's annotations are set by the operator; "
+                            "use spec.queueName to queue the job")
     return JobSpec(
         model=model, dataset=dataset, output=output,
         task=_get(spec, "task", "sequence-classification"), training=training,
@@ -461,6 +486,18 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         network=Network(host_network=bool(net.get("hostNetwork", False)), rdma=bool(net.get("rdma", False))),
         pod_disruption_budget=bool((_get(spec, "podDisruptionBudget", {})).get("enabled", False)),
     )
+
+
+def check_output_path(namespace: str, name: str, spec: JobSpec) -> None:
+    """A job's default output directory is ``<namespace>/<name>`` in its claim: a ``spec.output.path`` may not reach
+    into another job's (``<namespace>/<other>``), where it would overwrite that job's checkpoints and model."""
+    path = spec.output.path
+    if path is None:
+        return
+    first, _, rest = path.partition("/")
+    if first == namespace and rest.split("/")[0] not in ("", name):
+        raise SpecError("spec.output.path", f"{path!r} is inside {namespace}/{rest.split('/')[0]}, another job's "
+                        f"output directory; use {namespace}/{name}/… or a path that does not start with {namespace}/")
 
 
 def check_name(name: str) -> None:

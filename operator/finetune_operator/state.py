@@ -11,7 +11,7 @@ from typing import Any
 from finetune_operator.builders import JobRef
 from finetune_operator.failures import Failure, WaitingProblem, classify_pod, waiting_problem
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
-from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
+from finetune_operator.spec import JobSpec, SpecError, check_name, check_output_path, parse_spec
 from finetune_operator.status import Status, parse_ts
 
 
@@ -40,7 +40,9 @@ def read_job(wire: dict[str, Any]) -> Job:
     error: str | None = None
     try:
         check_name(meta["name"])
-        spec = parse_spec(raw_spec)
+        parsed = parse_spec(raw_spec)
+        check_output_path(meta["namespace"], meta["name"], parsed)
+        spec = parsed
     except (SpecError, KeyError, TypeError, ValueError) as e:
         error = str(e)
     ttl = raw_spec.get("ttlSecondsAfterFinished")

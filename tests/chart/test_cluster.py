@@ -56,14 +56,18 @@ BUILTIN_RULES = {
 OPERATOR_RULES = {
     *(("finetune.dev", "finetunejobs", v) for v in ("get", "list", "watch", "delete")),
     ("finetune.dev", "finetunejobs/status", "update"),
+    ("finetune.dev", "finetunejobs/finalizers", "update"),
     *(("", "pods", v) for v in ("get", "list", "watch", "create", "delete")),
     ("", "services", "create"),
+    ("", "services", "get"),
     ("", "configmaps", "create"),
+    ("", "configmaps", "get"),
     ("", "events", "create"),
     ("", "persistentvolumeclaims", "get"),
     ("", "persistentvolumeclaims", "create"),
     ("policy", "poddisruptionbudgets", "create"),
     ("policy", "poddisruptionbudgets", "delete"),
+    ("policy", "poddisruptionbudgets", "get"),
 }
 PEERING_VERBS = ("get", "list", "watch", "patch")
 
@@ -344,7 +348,9 @@ MUST = [
     ("create", "pods"),
     ("delete", "pods"),
     ("create", "services"),
+    ("get", "services"),
     ("create", "configmaps"),
+    ("get", "configmaps"),
     ("create", "events"),
     ("get", "persistentvolumeclaims"),
     ("create", "persistentvolumeclaims"),
@@ -355,6 +361,7 @@ MUST = [
     ("watch", "finetunejobs.finetune.dev"),
     ("delete", "finetunejobs.finetune.dev"),
     ("update", "finetunejobs.finetune.dev/status"),
+    ("update", "finetunejobs.finetune.dev/finalizers"),
 ]
 MUST_NOT = [
     ("get", "secrets"),
@@ -372,10 +379,10 @@ MUST_NOT = [
     ("delete", "persistentvolumeclaims"),
     ("list", "persistentvolumeclaims"),
     ("update", "poddisruptionbudgets.policy"),
-    ("get", "configmaps"),
     ("delete", "configmaps"),
-    ("get", "services"),
+    ("list", "configmaps"),
     ("delete", "services"),
+    ("list", "services"),
     ("create", "serviceaccounts/token"),
     ("create", "deployments.apps"),
     ("create", "jobs.batch"),

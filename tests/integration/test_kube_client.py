@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from finetune_operator.k8s import Kube
+from finetune_operator.k8s import CREATED, Kube
 from kubernetes import config
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ def test_unread_answers_do_not_churn_connections(cluster, namespace, caplog) -> 
     for i in range(30):
         cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"c{i}", "namespace": namespace},
               "data": {"payload": "x" * 200_000}}
-        assert kube.create(cm) is True
+        assert kube.create(cm) == CREATED
     retries = [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()]
     assert retries == [], retries
     assert _connections(kube.api) == 1

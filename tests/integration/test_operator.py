@@ -7,6 +7,7 @@ kubelet or container runtime can run on these machines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -320,3 +321,52 @@ def test_namespace_quota_rejection_is_a_condition(cluster, jobs, operator, names
     assert "exceeded quota" in cond["message"] and cond["status"] == "False"
     assert jobs.state("big") != "Failed"
     assert "QuotaExceeded" in {e.reason for e in jobs.events("big")}
+
+
+HOLD = "test.finetune.dev/hold"  # a finalizer standing in for a kubelet still waiting for a trainer's checkpoint
+
+
+def _hold(jobs: Jobs, kind: str, name: str, on: bool) -> None:
+    body = {"metadata": {"finalizers": [HOLD] if on else None}}
+    if kind == "pod":
+        jobs.core.patch_namespaced_pod(name, jobs.ns, body)
+    else:
+        jobs.core.patch_namespaced_config_map(name, jobs.ns, body)
+
+
+def test_a_job_recreated_under_its_name_adopts_nothing_of_the_old_one(jobs, operator) -> None:  # type: ignore[no-untyped-def]
+    """`kubectl delete ftj same && kubectl apply -f same.yaml` while the old job's rank 0 is still terminating and
+    its ConfigMap not yet collected: the new job (another uid) creates nothing under names they hold, counts no
+    disruption, says what it waits for, and starts with its own objects once they are gone. Mocked: the kubelet (a
+    finalizer holds the old pod in Terminating, as a kubelet waiting for a checkpoint on SIGTERM would)."""
+    old = jobs.create(make_job("same").nodes(2).build())
+    jobs.wait_pods("same", 2)
+    wait_for(lambda: jobs.core.list_namespaced_config_map(jobs.ns, field_selector="metadata.name=same-config").items,
+             timeout=30, what="the old job's ConfigMap")
+    _hold(jobs, "pod", "same-node-0", True)
+    _hold(jobs, "configmap", "same-config", True)
+    try:
+        jobs.delete("same")
+        wait_for(lambda: not jobs.exists("same"), timeout=30, what="the old job to be deleted")
+        wait_for(lambda: [p.metadata.name for p in jobs.pods("same")] == ["same-node-0"], timeout=60,
+                 what="the garbage collector to delete the old pods (rank 0 held in Terminating)")
+        new = jobs.create(make_job("same").nodes(2).build())
+        assert new["metadata"]["uid"] != old["metadata"]["uid"]
+        waiting = wait_for(lambda: (c := jobs.condition("same", "Created")) and c["reason"] == "PreviousJobTerminating"
+                           and c, timeout=30, what="the new job to wait for its namesake's pod")
+        assert waiting["status"] == "False" and "same-node-0" in waiting["message"]
+        _hold(jobs, "pod", "same-node-0", False)
+        # the old ConfigMap still stands: its name is not adopted either
+        wait_for(lambda: (c := jobs.condition("same", "Created")) and "ConfigMap same-config" in c["message"],
+                 timeout=30, what="the new job to wait for its namesake's ConfigMap")
+        assert all(p.metadata.owner_references[0].uid == new["metadata"]["uid"] for p in jobs.pods("same"))
+    finally:
+        for kind, name in (("pod", "same-node-0"), ("configmap", "same-config")):
+            with contextlib.suppress(Exception):  # already gone
+                _hold(jobs, kind, name, False)
+    pods = jobs.wait_pods("same", 2)
+    assert {p.metadata.owner_references[0].uid for p in pods} == {new["metadata"]["uid"]}
+    cm = jobs.core.read_namespaced_config_map("same-config", jobs.ns)
+    assert cm.metadata.owner_references[0].uid == new["metadata"]["uid"]
+    status = jobs.wait_state("same", "Created")
+    assert status["disruptions"] == 0 and status["restarts"] == 0 and status["attempt"] == 0

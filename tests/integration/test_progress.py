@@ -55,3 +55,65 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         wait_for(lambda: jobs.status("prog")["progress"]["step"] == 9, timeout=30, what="step 9 in status")
     finally:
         op.stop()
+
+
+@pytest.fixture
+def trickling_rank0() -> Iterator[list[int]]:
+    """Tenant code at its worst: a metrics endpoint on 127.0.0.2:9400 that accepts, answers 200 and then sends one byte
+    every 0.2 s without end (each byte resets a per-read timeout). Yields the count of connections it accepted."""
+    import socket
+    import threading
+
+    accepted = [0]
+    stop = threading.Event()
+    srv = socket.create_server(("127.0.0.2", 9400))
+    srv.settimeout(0.2)
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000000\r\n\r\n")
+                while not stop.wait(0.2):
+                    conn.sendall(b"#")
+            except OSError:
+                pass  # the operator gave up on it
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            accepted[0] += 1
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield accepted
+    stop.set()
+    srv.close()
+
+
+def test_a_tenant_that_trickles_its_metrics_stalls_nothing(cluster, api_client, namespace, trickling_rank0) -> None:  # type: ignore[no-untyped-def]
+    """One job's rank 0 trickles its metrics page forever. Its scrapes are abandoned at their deadline and retried, and
+    the rest of the operator carries on: another job's activeDeadlineSeconds (a timer the backstop loop runs) still
+    fails that job on time. Mocked: the kubelet (FakeKubelet sets the pods' phase and podIP)."""
+    jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
+    op = OperatorProcess(cluster.kubeconfig, namespace, FINETUNE_PROGRESS_INTERVAL_SECONDS="1").start()
+    try:
+        jobs.create(make_job("slow").nodes(2).build())
+        for p in jobs.wait_pods("slow", 2):
+            kubelet.run(p.metadata.name, ip="127.0.0.2")
+        jobs.wait_state("slow", "Running")
+        wait_for(lambda: trickling_rank0[0] >= 1, timeout=30, what="the operator to start scraping the tenant")
+        jobs.create(make_job("deadline").set("activeDeadlineSeconds", 8).build())
+        for p in jobs.wait_pods("deadline", 1):
+            kubelet.run(p.metadata.name, ip="10.0.0.9")
+        jobs.wait_state("deadline", "Running")
+        failed = jobs.wait_state("deadline", "Failed", timeout=60)
+        assert failed["failure"]["reason"] == "DeadlineExceeded"
+        # the tenant's scrapes were given up and tried again, never completed
+        wait_for(lambda: trickling_rank0[0] >= 3, timeout=30, what="repeated scrapes of the trickling endpoint")
+        assert "progress" not in jobs.status("slow") and jobs.state("slow") == "Running"
+    finally:
+        op.stop()

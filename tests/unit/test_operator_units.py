@@ -266,6 +266,22 @@ def test_pods_of_a_deleted_namesake_are_not_ours() -> None:
     assert plan.status.state != "Succeeded" and plan.delete == []
 
 
+def test_a_new_job_waits_for_a_deleted_namesakes_pods() -> None:
+    """kubectl delete + apply while the old job's pods still checkpoint: the new job (another uid) creates nothing under
+    the names they hold, counts nothing against its restarts or disruptions, and says what it waits for, once."""
+    old_pod = running(1, phase="Running", owner="old-uid")
+    plan = decided(job(nodes=2), [old_pod])
+    assert plan.create == [] and plan.delete == [] and plan.requeue_after == 2.0
+    created = plan.status.condition("Created")
+    assert created is not None and (created.status, created.reason) == (False, "PreviousJobTerminating")
+    assert "ft-node-1" in created.message and [e.reason for e in plan.events] == ["PreviousJobTerminating"]
+    again = decided(job(plan.status, nodes=2), [old_pod])
+    assert again.events == [] and again.status.disruptions == 0 and again.status.restarts == 0
+    gone = decided(job(again.status, nodes=2), [])
+    assert [o["kind"] for o in gone.create] == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert gone.status.condition("Created").status  # type: ignore[union-attr]
+
+
 def test_a_finished_job_stays_finished_when_its_spec_is_edited() -> None:
     done = dict(STARTED, state="Succeeded", completionTime=ts(NOW))
     edited = job(done, podTemplate={"volumes": [{"name": "x", "mountPath": "/output/x", "emptyDir": {}}]})
@@ -348,6 +364,9 @@ def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # typ
         assert e.value.field == "spec.resources.limits['cpu']"
 
 
+PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="registry.corp/ml/trainer:1")
+
+
 @pytest.mark.parametrize(("spec_over", "settings", "reason", "words"), [
     ({"image": "docker.io/evil/miner:1"}, Settings(allowed_image_prefixes=("registry.corp/ml/",)), "InvalidSpec",
      ["spec.image", "registry.corp/ml/"]),
@@ -359,7 +378,28 @@ def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # typ
     ({"nodes": 64}, Settings(max_nodes_per_job=16), "QuotaExceeded", ["spec.nodes=64", "16 nodes per job"]),
     ({"nodes": 64, "resources": {"limits": {"nvidia.com/gpu": 8}}}, Settings(max_gpus_per_job=256),
      "QuotaExceeded", ["512 GPUs", "256 per job"]),
-], ids=["image", "priority-class", "ort-image", "nodes", "gpus"])
+    ({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, Settings(), "InvalidSpec",
+     ["spec.env[0].name", "NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu"]),
+    ({"env": [{"name": "PYTHONPATH", "value": "/data/evil"}]}, PINNED, "InvalidSpec",
+     ["spec.env[0].name", "PYTHONPATH", "guardrails.allowedImagePrefixes"]),
+    ({"podTemplate": {"volumes": [{"name": "x", "mountPath": "/opt/venv/lib", "emptyDir": {}}]}}, PINNED,
+     "InvalidSpec", ["spec.podTemplate.volumes[0].mountPath", "/opt/venv/lib", "guardrails.allowedImagePrefixes"]),
+    ({"image": "registry.corp/ml-evil/miner:1"}, Settings(allowed_image_prefixes=("registry.corp/ml",)),
+     "InvalidSpec", ["spec.image", "registry.corp/ml-evil/miner:1"]),
+    ({"model": {"name": "org/m", "trustRemoteCode": True}}, Settings(allow_trust_remote_code=False), "InvalidSpec",
+     ["spec.model.trustRemoteCode", "guardrails.allowTrustRemoteCode"]),
+    ({"podTemplate": {"labels": {"kueue.x-k8s.io/priority-class": "urgent"}}},
+     Settings(allowed_priority_classes=("train-low",)), "InvalidSpec",
+     ["kueue.x-k8s.io/priority-class", "urgent", "train-low"]),
+    ({"podTemplate": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}}, Settings(), "InvalidSpec",
+     ["kueue.x-k8s.io/queue-name", "spec.queueName"]),
+    ({"output": {"claimName": "o", "path": "ns/other-job/ckpt"}}, Settings(), "InvalidSpec",
+     ["spec.output.path", "ns/other-job", "another job"]),
+    ({"output": {"claimName": "o", "path": "runs/../ns/other"}}, Settings(), "InvalidSpec",
+     ["spec.output.path", ".."]),
+], ids=["image", "priority-class", "ort-image", "nodes", "gpus", "gpu-visibility-env", "code-loading-env",
+        "mount-over-image", "image-prefix-boundary", "trust-remote-code", "kueue-priority", "kueue-labels",
+        "other-jobs-output", "dot-dot-output"])
 def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
     plan = decided(job(**spec_over), [], settings=settings)
     assert plan.status.state == "Failed" and plan.create == []
@@ -374,6 +414,20 @@ def test_guardrails_allow_what_is_allowed() -> None:
                  default_image="registry.corp/ml/trainer:1")
     plan = decided(job(nodes=4, resources={"limits": {"nvidia.com/gpu": 8}}), [], settings=s)
     assert plan.status.state == "Created"
+    # a prefix without its trailing slash is still a repository path; the code-loading env and mounts over the
+    # image's files are refused only where images are pinned; the job's own directory is fine
+    allowed = [
+        ({"image": "registry.corp/ml/x:1"}, Settings(allowed_image_prefixes=("registry.corp/ml",))),
+        ({"image": "registry.corp/ml:2"}, Settings(allowed_image_prefixes=("registry.corp/ml",))),
+        ({"env": [{"name": "PYTHONPATH", "value": "/data/lib"}]}, Settings()),
+        ({"podTemplate": {"volumes": [{"name": "d", "mountPath": "/data", "emptyDir": {}}]}}, PINNED),
+        ({"podTemplate": {"labels": {"kueue.x-k8s.io/priority-class": "train-low"}}},
+         Settings(allowed_priority_classes=("train-low",))),
+        ({"output": {"claimName": "o", "path": "ns/ft/run-2"}}, Settings()),
+        ({"output": {"claimName": "o", "path": "experiments/ft"}}, Settings()),
+    ]
+    for over, settings in allowed:
+        assert decided(job(**over), [], settings=settings).status.state == "Created", over
 
 
 @pytest.mark.parametrize(("over", "image"), [

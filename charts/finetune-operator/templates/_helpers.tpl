@@ -91,14 +91,21 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 - apiGroups: [finetune.dev]
   resources: [finetunejobs/status]
   verbs: [update]
+# Children carry blockOwnerDeletion: where the OwnerReferencesPermissionEnforcement admission plugin is on
+# (OpenShift), setting it needs update on the owner's finalizers subresource. The operator adds no finalizer.
+- apiGroups: [finetune.dev]
+  resources: [finetunejobs/finalizers]
+  verbs: [update]
 # Trainer pods: found by label, created per rank, deleted on gang restart and on final failure.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
 # The headless rendezvous Service and the resolved-config ConfigMap: created once, cleaned up by owner references.
+# get: a create answered "already exists" is checked for its owner, so that a deleted job's objects of the same name
+# are waited out, never adopted (no more than the pods the operator creates could read anyway).
 - apiGroups: [""]
   resources: [services, configmaps]
-  verbs: [create]
+  verbs: [create, get]
 # Output claims: read (access-mode check before an attempt starts) and created from spec.output.volumeClaimTemplate;
 # never deleted by the operator (owner references, or kept with reclaimPolicy Retain).
 - apiGroups: [""]
@@ -107,7 +114,7 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 # The opt-in PodDisruptionBudget of a running gang (spec.podDisruptionBudget), deleted when the job stops.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [create, delete]
+  verbs: [create, delete, get]
 # Events on FineTuneJobs (the operator's and kopf's).
 - apiGroups: [""]
   resources: [events]

@@ -1,0 +1,115 @@
+"""Rank 0's metrics page, read off the reconcile path: a trainer is tenant code, and one that answers slowly, trickles
+bytes or never answers must not hold a job's lock, the backstop loop or kopf's workers.
+
+A pass asks :meth:`Scraper.take` for the newest finished scrape of its job and, when the progress interval has passed,
+starts the next one in a small pool of its own. Each scrape has a total deadline (not a per-read timeout, which a
+trickling server resets with every byte), follows no redirects and reads at most :data:`MAX_METRICS_BYTES`. A finished
+scrape asks for a pass of its job, which merges it into the status.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+from finetune_operator.progress import parse_metrics
+from finetune_operator.status import Progress
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+MAX_METRICS_BYTES = 1 << 20  # a trainer's page is a few KiB; never read an unbounded body into the operator
+DEADLINE_SECONDS = 2.0  # the whole scrape: connect, request, headers and body
+
+
+def fetch_metrics(url: str, deadline: float = DEADLINE_SECONDS) -> str:
+    """GET ``url`` within ``deadline`` seconds in all; no redirects, at most :data:`MAX_METRICS_BYTES`."""
+    end = time.monotonic() + deadline
+
+    def left() -> float:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"{url}: no complete answer within {deadline:g}s")
+        return remaining
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=left())
+    try:
+        return _read(conn, url, parts.path or "/", left)
+    except TimeoutError as e:  # a socket timeout: the time left ran out inside a read
+        raise TimeoutError(f"{url}: no complete answer within {deadline:g}s") from e
+    finally:
+        conn.close()
+
+
+def _read(conn: http.client.HTTPConnection, url: str, path: str, left: Callable[[], float]) -> str:
+    conn.request("GET", path)
+    sock = conn.sock  # the response reads through it; http.client drops its own reference for a closing answer
+    assert sock is not None
+    sock.settimeout(left())
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise ValueError(f"{url}: HTTP {resp.status} (redirects are not followed)")
+    body = bytearray()
+    while True:
+        sock.settimeout(left())
+        chunk = resp.read1(64 * 1024)
+        if not chunk:
+            break
+        body += chunk
+        if len(body) > MAX_METRICS_BYTES:
+            raise ValueError(f"{url}: metrics page larger than {MAX_METRICS_BYTES} bytes")
+    return body.decode("utf-8", errors="replace")
+
+
+class Scraper:
+    """At most one scrape in flight per job, at most ``workers`` in all."""
+
+    def __init__(self, *, interval: float, on_done: Callable[[Key], None], workers: int = 4,
+                 fetch: Callable[[str], str] = fetch_metrics) -> None:
+        self.interval = interval
+        self.on_done = on_done
+        self.fetch = fetch
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scrape")
+        self._lock = threading.Lock()
+        self._started: dict[Key, float] = {}  # monotonic start of the job's last scrape
+        self._inflight: set[Key] = set()
+        self._done: dict[Key, Progress] = {}
+
+    def take(self, key: Key, url: str | None, *, nodes: int) -> Progress | None:
+        """The newest finished scrape of the job (once), and the next one started when it is due. ``url`` None: the
+        job has no rank 0 to scrape now."""
+        with self._lock:
+            result = self._done.pop(key, None)
+            due = time.monotonic() - self._started.get(key, float("-inf")) >= self.interval
+            if url is None or not due or key in self._inflight:
+                return result
+            self._inflight.add(key)
+            self._started[key] = time.monotonic()
+        self._pool.submit(self._scrape, key, url, nodes)
+        return result
+
+    def _scrape(self, key: Key, url: str, nodes: int) -> None:
+        progress = None
+        try:
+            progress = parse_metrics(self.fetch(url), nodes=nodes)
+        except Exception as e:  # a scrape failure never fails the job
+            log.debug("%s/%s: scraping %s failed: %s", key[0], key[1], url, e)
+        with self._lock:
+            self._inflight.discard(key)
+            if progress is not None and key in self._started:  # not forgotten meanwhile
+                self._done[key] = progress
+        if progress is not None:
+            self.on_done(key)
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._started.pop(key, None)
+            self._done.pop(key, None)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,86 @@
+"""Reading rank 0's metrics page (finetune_operator.scrape.fetch_metrics) from real local HTTP servers: a total
+deadline, no redirects, a size cap."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+from finetune_operator.scrape import MAX_METRICS_BYTES, fetch_metrics
+
+pytestmark = pytest.mark.unit
+
+
+def serve(answer: bytes, *, trickle: bool = False) -> Iterator[str]:
+    """A one-connection-at-a-time server on 127.0.0.1 that sends ``answer`` (then, with ``trickle``, a byte every
+    50 ms until the client hangs up)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def run() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                try:
+                    conn.recv(4096)
+                    conn.sendall(answer)
+                    while trickle and not stop.wait(0.05):
+                        conn.sendall(b"#")
+                except OSError:
+                    pass
+
+    threading.Thread(target=run, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}/metrics"
+    stop.set()
+    srv.close()
+
+
+def http(status: str, body: bytes, *headers: str, length: int | None = None) -> bytes:
+    head = [f"HTTP/1.1 {status}", f"Content-Length: {len(body) if length is None else length}", *headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def test_a_page_is_read() -> None:
+    for url in serve(http("200 OK", b"finetune_train_step 3\n")):
+        assert fetch_metrics(url) == "finetune_train_step 3\n"
+
+
+def test_the_trainers_own_exporter_is_read() -> None:
+    """prometheus_client's server (what the trainer serves) answers HTTP/1.0 and closes the connection."""
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    registry = CollectorRegistry()
+    Gauge("finetune_train_step", "step", registry=registry).set(42)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        text = fetch_metrics(f"http://127.0.0.1:{server.server_port}/metrics")
+        assert "finetune_train_step 42.0" in text
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+
+
+def test_a_trickling_page_is_given_up_at_the_deadline() -> None:
+    """Each byte would reset a per-read timeout; the deadline covers the whole answer."""
+    for url in serve(http("200 OK", b"", length=10_000), trickle=True):
+        with pytest.raises(TimeoutError, match=r"no complete answer within 0\.5s"):
+            fetch_metrics(url, deadline=0.5)
+
+
+def test_redirects_are_not_followed() -> None:
+    for url in serve(http("302 Found", b"", "Location: http://169.254.169.254/latest/meta-data/")):
+        with pytest.raises(ValueError, match="HTTP 302"):
+            fetch_metrics(url)
+
+
+def test_a_page_over_the_cap_is_refused() -> None:
+    body = b"#" * (MAX_METRICS_BYTES + 10)
+    for url in serve(http("200 OK", body)):
+        with pytest.raises(ValueError, match="larger than"):
+            fetch_metrics(url)
