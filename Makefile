@@ -8,7 +8,7 @@ export FINETUNE_ORT_VENV := $(shell bash .ci/venv.sh --ort-path)
 CLUSTER = python3 -m hack.localcluster
 
 .PHONY: help setup binaries tools cluster-up cluster-down cluster-status run test test-unit test-integration \
-        test-trainer test-ort test-chart test-e2e run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
+        test-trainer test-ort test-chart test-e2e test-faults soak run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -64,6 +64,12 @@ generate: ## regenerate docs/reference.md (from the CRD), the Grafana dashboard 
 verify: ## fail when generated files drift from their sources
 	@$(PY) -m hack.helmtools.crd_reference --check && $(PY) -m hack.helmtools.dashboard --check && \
 		$(PY) -m hack.contract --check
+
+test-faults: setup ## fault injection: operator SIGKILLs at random moments, invariants checked, figures printed
+	@$(PY) -m pytest -m faults -s
+
+soak: setup ## the long fault-injection run (120 operator kills); figures in /tmp/finetune-soak.json
+	@FAULTS_KILLS=120 FAULTS_REPORT=/tmp/finetune-soak.json $(PY) -m pytest -m faults -s
 
 test-e2e: setup ## end-to-end: operator + local node agent + real training on the real control plane (root)
 	@$(PY) -m pytest -m e2e
