@@ -88,9 +88,11 @@ def trickling_rank0() -> Iterator[list[int]]:
             accepted[0] += 1
             threading.Thread(target=trickle, args=(conn,), daemon=True).start()
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     yield accepted
     stop.set()
+    server.join(timeout=5)
     srv.close()
 
 

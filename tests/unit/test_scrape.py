@@ -35,9 +35,11 @@ def serve(answer: bytes, *, trickle: bool = False) -> Iterator[str]:
                 except OSError:
                     pass
 
-    threading.Thread(target=run, daemon=True).start()
+    server = threading.Thread(target=run, daemon=True)
+    server.start()
     yield f"http://127.0.0.1:{srv.getsockname()[1]}/metrics"
     stop.set()
+    server.join(timeout=5)
     srv.close()
 
 
