@@ -204,6 +204,7 @@ class LocalCluster:
         self.scheduler = scheduler
         self.state: State | None = State.load(self.state_dir)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, list[str]] = {}  # each component's command line, for restart()
 
     # -- queries ------------------------------------------------------------------------------------
 
@@ -315,8 +316,27 @@ class LocalCluster:
         st.save()
         return st
 
+    def restart(self, name: str, *, timeout: float = 90.0) -> float:
+        """Crash one component (SIGKILL) and start it again with the same arguments, ports and data, as a supervisor
+        would; returns the seconds from the kill until it answers again. For fault-injection tests."""
+        assert self.state
+        st, proc = self.state, self._procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        t0 = time.monotonic()
+        port = {"etcd": st.etcd_port, "kube-apiserver": st.api_port, "kube-controller-manager": st.kcm_port}[name]
+        while port_in_use(port) and time.monotonic() - t0 < timeout:
+            time.sleep(0.05)
+        self._spawn(name, self._argv[name])
+        ready = {"etcd": lambda: self._http_ok(f"http://127.0.0.1:{st.etcd_port}/health"),
+                 "kube-apiserver": self._api_ready, "kube-controller-manager": lambda: True}[name]
+        self._wait(ready, name, t0, timeout)
+        return time.monotonic() - t0
+
     def _spawn(self, name: str, argv: list[str]) -> None:
         assert self.state
+        self._argv[name] = argv
         log = open(self.state_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

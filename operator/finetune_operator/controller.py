@@ -16,9 +16,9 @@ from typing import Any
 
 from finetune_operator import admission
 from finetune_operator.admission import Observed
-from finetune_operator.k8s import CREATED, FOREIGN, Conflict, Kube, Rejected
+from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, Conflict, Kube, Rejected
 from finetune_operator.metrics import OperatorMetrics
-from finetune_operator.reconcile import Plan, create_rejected, decide, namesake_in_the_way
+from finetune_operator.reconcile import Plan, create_rejected, decide, name_taken, namesake_in_the_way
 from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
 from finetune_operator.state import Job, PodState, read_job, read_pods
@@ -120,7 +120,13 @@ class Controller:
         with self._lock(key):
             with self._guard:
                 self._dirty.discard(key)  # this pass reads the newest state the store has
-            return self._reconcile_locked(key, job)
+            plan = self._reconcile_locked(key, job)
+            while True:  # events that came while this pass held the lock were left to it (on_event)
+                with self._guard:
+                    if key not in self._dirty:
+                        return plan
+                    self._dirty.discard(key)
+                plan = self._reconcile_locked(key, None)
 
     def _reconcile_locked(self, key: Key, job: dict[str, Any] | None) -> Plan | None:
         namespace, name = key
@@ -220,6 +226,9 @@ class Controller:
                 if created == FOREIGN:
                     plan = namesake_in_the_way(job, what=what, now=self.clock(), settings=self.settings)
                     break
+                if created == TAKEN:
+                    plan = name_taken(job, what=what, now=self.clock(), settings=self.settings)
+                    break
                 sent.add(obj["metadata"]["name"])
                 if created == CREATED and obj["kind"] == "Pod":
                     self.metrics.pods_created.inc()
@@ -268,7 +277,7 @@ class Controller:
         rank0 = [p for p in pods if p.rank == 0 and p.attempt == job.status.attempt and p.ip
                  and p.owner_uid == job.ref.uid]
         url = f"http://{rank0[0].ip}:{METRICS_PORT}/metrics" if rank0 else None
-        progress = self.scraper.take(key, url, nodes=job.spec.nodes)
+        progress = self.scraper.take(key, url, nodes=job.spec.nodes, attempt=job.status.attempt)
         if url is not None:
             self.requeue(key, self.settings.progress_interval_seconds)
         return progress

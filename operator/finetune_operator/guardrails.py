@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from finetune_operator.builders import JobRef
 from finetune_operator.settings import Settings
-from finetune_operator.spec import CODE_LOADING_ENV, KUEUE_PRIORITY_LABEL, JobSpec
+from finetune_operator.spec import (
+    CODE_LOADING_ENV,
+    GPU_VISIBILITY_ENV,
+    KUEUE_PREFIX,
+    KUEUE_PRIORITY_LABEL,
+    JobSpec,
+    SpecError,
+    check_output_path,
+)
 
 
 @dataclass(frozen=True)
@@ -17,16 +26,18 @@ class Violation:
 
 def image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
     """``image`` starts with one of ``prefixes`` at a boundary: ``registry.corp/ml`` allows ``registry.corp/ml/x:1`` and
-    ``registry.corp/ml:2``, never ``registry.corp/ml-evil/x`` (a prefix is a repository path, not a string prefix)."""
+    ``registry.corp/ml:2``, never ``registry.corp/ml-evil/x``. A prefix that ends in anything but a letter or digit
+    (``registry.corp/ml/``, ``ghcr.io/org/trainer-``) is matched as written."""
     for prefix in prefixes:
-        if image == prefix or (image.startswith(prefix) and (prefix[-1] in "/:@" or image[len(prefix)] in "/:@")):
+        if image == prefix or (image.startswith(prefix) and (not prefix[-1].isalnum() or image[len(prefix)] in "/:@")):
             return True
     return False
 
 
-# Where the trainer images keep their code (uv-managed Python, the venv, the system): a volume mounted over them
-# would replace the image's code, which an image allowlist is there to pin.
-IMAGE_CODE_PATHS = ("/opt", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/root", "/home")
+# Where the trainer images keep their code (uv-managed Python and the venv under /opt, the system): a volume mounted
+# over them would replace the image's code, which an image allowlist is there to pin. Under /etc only the dynamic
+# linker's files matter (/etc/ssl/certs and the like stay mountable).
+IMAGE_CODE_PATHS = ("/opt", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ld.so.preload", "/etc/ld.so.conf.d")
 
 
 def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
@@ -39,13 +50,39 @@ def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
                              f"image; {allowed}: put the code in an allowed image")
     for i, v in enumerate(spec.pod_template.volumes):
         mp = v.mount_path.rstrip("/") or "/"
-        if mp == "/" or any(mp == c or mp.startswith(c + "/") or c.startswith(mp + "/") for c in IMAGE_CODE_PATHS):
+        if mp in ("/", "/etc") or any(mp == c or mp.startswith(c + "/") or c.startswith(mp + "/")
+                                      for c in IMAGE_CODE_PATHS):
             return Violation("InvalidSpec", f"spec.podTemplate.volumes[{i}].mountPath: {v.mount_path} would mount "
                              f"over the image's own files; {allowed}: mount data elsewhere (e.g. /data)")
     return None
 
 
-def check(spec: JobSpec, settings: Settings) -> Violation | None:
+def _always(ref: JobRef, spec: JobSpec) -> Violation | None:
+    """What no platform setting allows."""
+    for i, e in enumerate(spec.env):
+        if e.get("name") in GPU_VISIBILITY_ENV:
+            return Violation("InvalidSpec", f"spec.env[{i}].name: {e['name']} decides which GPUs the container sees; "
+                             "the device plugin sets it from resources.limits['nvidia.com/gpu'], ask for GPUs there")
+    for k in spec.pod_template.labels:
+        if k.startswith(KUEUE_PREFIX) and k != KUEUE_PRIORITY_LABEL:
+            return Violation("InvalidSpec", f"spec.podTemplate.labels['{k}']: Kueue's labels are set by the operator "
+                             "(its pod groups); use spec.queueName to queue the job")
+    for k in spec.pod_template.annotations:
+        if k.startswith(KUEUE_PREFIX):
+            return Violation("InvalidSpec", f"spec.podTemplate.annotations['{k}']: Kueue's annotations are set by the "
+                             "operator; use spec.queueName to queue the job")
+    try:
+        check_output_path(ref.namespace, ref.name, spec)
+    except SpecError as e:
+        return Violation("InvalidSpec", str(e))
+    return None
+
+
+def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
+    """Checked when an attempt is admitted (reconcile._start_attempt), so a change of these rules or of the platform's
+    values applies to the next attempt and never kills one that runs."""
+    if (always := _always(ref, spec)) is not None:
+        return always
     image = settings.trainer_image(acceleration=spec.acceleration, image=spec.image)
     if settings.allowed_image_prefixes and not image_allowed(image, settings.allowed_image_prefixes):
         allowed = f"allowed prefixes: {', '.join(settings.allowed_image_prefixes)} (Helm value " \

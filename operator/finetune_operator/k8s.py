@@ -114,7 +114,10 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return api
 
 
-CREATED, EXISTS, FOREIGN = "created", "exists", "foreign"  # what Kube.create found
+# What Kube.create found: created now; ours already (or an ownerless object such as a retained claim, when the object
+# built has no owner either); controlled by another owner (a deleted namesake's, to wait out); or held by an object
+# nothing controls (someone else's, under the name the job needs).
+CREATED, EXISTS, FOREIGN, TAKEN = "created", "exists", "foreign", "taken"
 
 
 def _controller_uid(obj: dict[str, Any]) -> str | None:
@@ -161,7 +164,12 @@ class Kube:
     def _read(self, path: str, *, verb: str = "get", query: dict[str, str] | None = None,
               absent_ok: bool = True) -> dict[str, Any] | None:
         resp = self._request(verb, "GET", path, query=query, ok=(404,) if absent_ok else ())
-        return None if resp is None else dict(json.loads(resp.read()))
+        if resp is None:
+            return None
+        try:
+            return dict(json.loads(resp.read()))
+        except (urllib3.exceptions.HTTPError, ValueError) as e:  # the answer broke off, or is not JSON
+            raise ApiError(0, f"GET {path}: {e}") from e
 
     def _write(self, verb: str, method: str, path: str, *, body: Any = None, ok: tuple[int, ...] = ()) -> bool:
         """A write whose answer the operator does not need; False when the answer was one of ``ok``."""
@@ -206,9 +214,10 @@ class Kube:
 
     def create(self, obj: dict[str, Any]) -> str:
         """Create a job's child (Pod, Service, ConfigMap, claim, PDB): :data:`CREATED`, :data:`EXISTS` (ours already,
-        or an ownerless object such as a retained claim) or :data:`FOREIGN` (an object of the same name controlled by
+        or an ownerless object such as a retained claim), :data:`FOREIGN` (an object of the same name controlled by
         another owner: a deleted job of the same name whose children the garbage collector has not removed yet; never
-        adopted). An object the API server refuses raises :class:`Rejected`."""
+        adopted) or :data:`TAKEN` (an object of the same name that nothing controls). An object the API server refuses
+        raises :class:`Rejected`."""
         meta = obj["metadata"]
         path = _CHILDREN[obj["kind"]](meta["namespace"])
         if self._write("create", "POST", path, body=obj, ok=(409,)):
@@ -216,10 +225,16 @@ class Kube:
         owner = _controller_uid(obj)
         if owner is None:
             return EXISTS
-        held = self._read(f"{path}/{_q(meta['name'])}")
+        try:
+            held = self._read(f"{path}/{_q(meta['name'])}")
+        except ApiError as e:  # whatever the answer (a 403 of an older Role, say), the pass retries: never a refusal
+            raise ApiError(e.code, f"reading {obj['kind']} {meta['name']}, which already exists: {e.message}") from e
         if held is None:  # gone since: the next pass creates it
             return FOREIGN
-        return EXISTS if _controller_uid(held) == owner else FOREIGN
+        held_owner = _controller_uid(held)
+        if held_owner is None:
+            return TAKEN
+        return EXISTS if held_owner == owner else FOREIGN
 
     def delete_pod(self, namespace: str, name: str, *, uid: str, grace_seconds: int | None) -> bool:
         """Delete exactly this pod (uid precondition: never a newer pod of the same name)."""

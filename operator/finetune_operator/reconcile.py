@@ -151,10 +151,6 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
         p.st.ready_nodes = p.st.wanted_nodes = 0
         _refuse(p, gang.mine, reason="InvalidSpec", message=p.job.spec_error or "invalid spec")
         return
-    violation = guardrails.check(spec, p.settings)
-    if violation is not None:
-        _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
-        return
     p.st.ready_nodes, p.st.wanted_nodes = gang.running, spec.nodes
     if spec.suspend:
         _suspend(p, spec, gang)
@@ -215,7 +211,7 @@ def _clean_up(p: _Pass, gang: Gang) -> None:
 
 
 def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> None:
-    """Admit the attempt (claims, namespace totals) and create all its missing ranks at once."""
+    """Admit the attempt (guardrails, claims, namespace totals) and create all its missing ranks at once."""
     st, now = p.st, p.now
     # Waiting for quota: retry on the clock, not on every pod event (a refused gang's own deletions would
     # otherwise re-trigger creation at once, a retry storm against the API server).
@@ -227,6 +223,12 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         return
     if gang.foreign:  # a deleted namesake's pods still hold the names (checkpointing on SIGTERM, say)
         _wait_for_namesake(p, f"pod {gang.foreign[0].name}")
+        return
+    # The platform's guardrails are checked when an attempt is admitted: a Helm change to them (or an operator
+    # upgrade with new rules) applies to the next attempt, never kills one that runs.
+    violation = guardrails.check(p.job.ref, spec, p.settings)
+    if violation is not None:
+        _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
         return
     claims = admission.check_claims(p.job.ref.name, spec, observed.claims)
     if claims is not None:
@@ -432,11 +434,25 @@ def _wait_for_namesake(p: _Pass, what: str) -> None:
 
 
 def namesake_in_the_way(job: Job, *, what: str, now: datetime, settings: Settings) -> Plan:
-    """A create found ``what`` owned by another uid: this pass's attempt does not start; the job waits and retries."""
+    """A create found ``what`` controlled by another FineTuneJob's uid: this pass's attempt does not start; the job
+    waits and retries."""
     st = copy.deepcopy(job.status)
     st.observed_generation = job.generation
     p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st))
     _wait_for_namesake(p, what)
+    return p.plan
+
+
+def name_taken(job: Job, *, what: str, now: datetime, settings: Settings) -> Plan:
+    """A create found ``what`` with no controlling owner (someone else's object under the name this job needs): the
+    job fails, naming it, instead of waiting for a garbage collection that will never come."""
+    st = copy.deepcopy(job.status)
+    st.observed_generation = job.generation
+    p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st))
+    _refuse(p, [], reason="InvalidSpec", message=f"{what} already exists and no FineTuneJob owns it: the job needs "
+            "that name; delete the object or give the job another name")
+    if job.pdb_enabled:
+        p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
     return p.plan
 
 

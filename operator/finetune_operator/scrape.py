@@ -9,8 +9,10 @@ scrape asks for a pass of its job, which merges it into the status.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -38,11 +40,27 @@ def fetch_metrics(url: str, deadline: float = DEADLINE_SECONDS) -> str:
 
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=left())
+    expired = threading.Event()
+
+    def cut() -> None:  # a read that trickles (headers included) is cut at the deadline, whatever its timeouts
+        expired.set()
+        if conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = threading.Timer(deadline, cut)
+    watchdog.start()
     try:
-        return _read(conn, url, parts.path or "/", left)
-    except TimeoutError as e:  # a socket timeout: the time left ran out inside a read
-        raise TimeoutError(f"{url}: no complete answer within {deadline:g}s") from e
+        text = _read(conn, url, parts.path or "/", left)
+        if expired.is_set():  # cut short: what was read is not the whole page
+            raise TimeoutError("cut at the deadline")
+        return text
+    except (TimeoutError, OSError, http.client.HTTPException) as e:
+        if isinstance(e, TimeoutError) or expired.is_set():
+            raise TimeoutError(f"{url}: no complete answer within {deadline:g}s") from e
+        raise
     finally:
+        watchdog.cancel()
         conn.close()
 
 
@@ -78,22 +96,24 @@ class Scraper:
         self._lock = threading.Lock()
         self._started: dict[Key, float] = {}  # monotonic start of the job's last scrape
         self._inflight: set[Key] = set()
-        self._done: dict[Key, Progress] = {}
+        self._done: dict[Key, tuple[str, int, Progress]] = {}  # url and attempt scraped, what came back
 
-    def take(self, key: Key, url: str | None, *, nodes: int) -> Progress | None:
-        """The newest finished scrape of the job (once), and the next one started when it is due. ``url`` None: the
-        job has no rank 0 to scrape now."""
+    def take(self, key: Key, url: str | None, *, nodes: int, attempt: int) -> Progress | None:
+        """The newest finished scrape of the job's rank 0 at ``url`` in ``attempt`` (once; a scrape of an earlier
+        attempt's rank 0 is dropped), and the next one started when it is due. ``url`` None: the job has no rank 0 to
+        scrape now."""
         with self._lock:
-            result = self._done.pop(key, None)
+            done = self._done.pop(key, None)
+            result = done[2] if done is not None and done[:2] == (url, attempt) else None
             due = time.monotonic() - self._started.get(key, float("-inf")) >= self.interval
             if url is None or not due or key in self._inflight:
                 return result
             self._inflight.add(key)
             self._started[key] = time.monotonic()
-        self._pool.submit(self._scrape, key, url, nodes)
+        self._pool.submit(self._scrape, key, url, nodes, attempt)
         return result
 
-    def _scrape(self, key: Key, url: str, nodes: int) -> None:
+    def _scrape(self, key: Key, url: str, nodes: int, attempt: int) -> None:
         progress = None
         try:
             progress = parse_metrics(self.fetch(url), nodes=nodes)
@@ -102,7 +122,7 @@ class Scraper:
         with self._lock:
             self._inflight.discard(key)
             if progress is not None and key in self._started:  # not forgotten meanwhile
-                self._done[key] = progress
+                self._done[key] = (url, attempt, progress)
         if progress is not None:
             self.on_done(key)
 

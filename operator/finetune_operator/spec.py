@@ -35,9 +35,11 @@ GPU_VISIBILITY_ENV = frozenset({
     "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES",
     "CUDA_VISIBLE_DEVICES",
 })
-# Env that loads code from outside the image; refused where the platform restricts images (guardrails).
-CODE_LOADING_ENV = frozenset({"LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP",
-                              "PYTHONUSERBASE", "PYTHONSAFEPATH"})
+# Env that loads code from outside the image (the dynamic linker, Python, CUDA and NCCL plugins, PATH for the
+# trainer's own command); refused where the platform restricts images (guardrails).
+CODE_LOADING_ENV = frozenset({"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "PYTHONPATH",
+                              "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "CUDA_INJECTION64_PATH",
+                              "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN"})
 KUEUE_PREFIX = "kueue.x-k8s.io/"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass: checked like priorityClassName
 
@@ -399,9 +401,6 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     env = tuple(dict(e) for e in _get(spec, "env", ()))
     for i, e in enumerate(env):
         name = str(e.get("name", ""))
-        if name in GPU_VISIBILITY_ENV:
-            raise SpecError(f"spec.env[{i}].name", f"{name} decides which GPUs the container sees; the device plugin "
-                            "sets it from resources.limits['nvidia.com/gpu'], ask for GPUs there")
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             raise SpecError(f"spec.env[{i}].name", f"{name} is reserved by the rendezvous contract; remove it")
 
@@ -461,13 +460,7 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     for k in pod_template.labels:
         if k.startswith("finetune.dev/"):
             raise SpecError(f"spec.podTemplate.labels['{k}']", "the finetune.dev/ prefix is reserved; rename it")
-        if k.startswith(KUEUE_PREFIX) and k != KUEUE_PRIORITY_LABEL:
-            raise SpecError(f"spec.podTemplate.labels['{k}']", "Kueue's labels are set by the operator (its pod "
-                            "groups); use spec.queueName to queue the job")
-    for k in pod_template.annotations:
-        if k.startswith(KUEUE_PREFIX):
-            raise SpecError(f"spec.podTemplate.annotations['{k}']", "Kueue's annotations are set by the operator; "
-                            "use spec.queueName to queue the job")
+
     return JobSpec(
         model=model, dataset=dataset, output=output,
         task=_get(spec, "task", "sequence-classification"), training=training,
@@ -495,8 +488,8 @@ def check_output_path(namespace: str, name: str, spec: JobSpec) -> None:
     if path is None:
         return
     first, _, rest = path.partition("/")
-    if first == namespace and rest.split("/")[0] not in ("", name):
-        raise SpecError("spec.output.path", f"{path!r} is inside {namespace}/{rest.split('/')[0]}, another job's "
+    if first == namespace and rest != name and not rest.startswith(name + "/"):
+        raise SpecError("spec.output.path", f"{path!r} is inside {namespace}/, where each job of the namespace has its "
                         f"output directory; use {namespace}/{name}/… or a path that does not start with {namespace}/")
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from finetune_operator.builders import JobRef
 from finetune_operator.failures import Failure, WaitingProblem, classify_pod, waiting_problem
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
-from finetune_operator.spec import JobSpec, SpecError, check_name, check_output_path, parse_spec
+from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
 from finetune_operator.status import Status, parse_ts
 
 
@@ -40,9 +40,7 @@ def read_job(wire: dict[str, Any]) -> Job:
     error: str | None = None
     try:
         check_name(meta["name"])
-        parsed = parse_spec(raw_spec)
-        check_output_path(meta["namespace"], meta["name"], parsed)
-        spec = parsed
+        spec = parse_spec(raw_spec)
     except (SpecError, KeyError, TypeError, ValueError) as e:
         error = str(e)
     ttl = raw_spec.get("ttlSecondsAfterFinished")
@@ -110,8 +108,9 @@ def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:
 
 @dataclass(frozen=True)
 class Gang:
-    """A job's pods in buckets: the current attempt's by rank, earlier attempts', and a namesake's (another uid:
-    a deleted job of the same name, never counted or deleted; the garbage collector removes them)."""
+    """A job's pods in buckets: the current attempt's by rank, earlier attempts', and a namesake's (controlled by
+    another uid: a deleted job of the same name, never counted or deleted; the garbage collector removes them). A
+    labelled pod nobody controls (a `kubectl debug` copy, say) is none of these."""
 
     current: list[PodState]
     stale: list[PodState]
@@ -121,7 +120,8 @@ class Gang:
     def of(cls, pods: list[PodState], *, uid: str, attempt: int) -> Gang:
         mine = [p for p in pods if p.owner_uid == uid]
         return cls(current=sorted((p for p in mine if p.attempt == attempt), key=lambda p: p.rank),
-                   stale=[p for p in mine if p.attempt != attempt], foreign=[p for p in pods if p.owner_uid != uid])
+                   stale=[p for p in mine if p.attempt != attempt],
+                   foreign=[p for p in pods if p.owner_uid is not None and p.owner_uid != uid])
 
     @property
     def mine(self) -> list[PodState]:

@@ -27,7 +27,8 @@ def ts(t: datetime) -> str:
 def parse_ts(s: str | None) -> datetime | None:
     if not s:
         return None
-    return datetime.fromisoformat(s).astimezone(UTC)
+    t = datetime.fromisoformat(s)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)  # Kubernetes times are UTC
 
 
 def _camel(name: str) -> str:

@@ -394,12 +394,13 @@ PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="
     ({"podTemplate": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}}, Settings(), "InvalidSpec",
      ["kueue.x-k8s.io/queue-name", "spec.queueName"]),
     ({"output": {"claimName": "o", "path": "ns/other-job/ckpt"}}, Settings(), "InvalidSpec",
-     ["spec.output.path", "ns/other-job", "another job"]),
+     ["spec.output.path", "ns/other-job", "each job"]),
+    ({"output": {"claimName": "o", "path": "ns"}}, Settings(), "InvalidSpec", ["spec.output.path", "'ns'"]),
     ({"output": {"claimName": "o", "path": "runs/../ns/other"}}, Settings(), "InvalidSpec",
      ["spec.output.path", ".."]),
 ], ids=["image", "priority-class", "ort-image", "nodes", "gpus", "gpu-visibility-env", "code-loading-env",
         "mount-over-image", "image-prefix-boundary", "trust-remote-code", "kueue-priority", "kueue-labels",
-        "other-jobs-output", "dot-dot-output"])
+        "other-jobs-output", "namespace-dir-output", "dot-dot-output"])
 def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
     plan = decided(job(**spec_over), [], settings=settings)
     assert plan.status.state == "Failed" and plan.create == []
@@ -407,6 +408,21 @@ def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, w
     assert all(w in plan.status.failure.message for w in words), plan.status.failure.message
     again = decided(job(plan.status, **spec_over), [], settings=settings)
     assert again.status == plan.status and not again.events  # no retry storm
+
+
+def test_a_guardrail_applies_to_the_next_attempt_not_the_running_one() -> None:
+    """A Helm change to the guardrails (or an upgrade with new rules) never kills an attempt that runs; the next
+    attempt is refused."""
+    strict = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="registry.corp/ml/trainer:1")
+    running_job = job(dict(STARTED), nodes=2)  # spec.image unset: the default image, now outside the list
+    plan = decided(running_job, [running(0), running(1)], settings=strict)
+    assert plan.status.state == "Running" and plan.delete == []
+    restart = decided(job(dict(STARTED), nodes=2, image="docker.io/x/y:1"), [running(0), running(1, phase="Failed",
+                      code=1)], settings=strict)
+    assert restart.status.state == "Restarting"
+    refused = decided(job(restart.status, nodes=2, image="docker.io/x/y:1"), [], settings=strict)
+    assert refused.status.state == "Failed" and refused.status.failure is not None
+    assert "spec.image" in refused.status.failure.message and refused.create == []
 
 
 def test_guardrails_allow_what_is_allowed() -> None:
@@ -425,6 +441,9 @@ def test_guardrails_allow_what_is_allowed() -> None:
          Settings(allowed_priority_classes=("train-low",))),
         ({"output": {"claimName": "o", "path": "ns/ft/run-2"}}, Settings()),
         ({"output": {"claimName": "o", "path": "experiments/ft"}}, Settings()),
+        ({"image": "ghcr.io/org/trainer-cpu:1"}, Settings(allowed_image_prefixes=("ghcr.io/org/trainer-",))),
+        ({"podTemplate": {"volumes": [{"name": "ca", "mountPath": "/etc/ssl/certs", "emptyDir": {}}]}}, PINNED),
+        ({"podTemplate": {"labels": {"debug": "x"}}}, PINNED),
     ]
     for over, settings in allowed:
         assert decided(job(**over), [], settings=settings).status.state == "Created", over

@@ -3,6 +3,7 @@ deadline, no redirects, a size cap."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -73,6 +74,33 @@ def test_a_trickling_page_is_given_up_at_the_deadline() -> None:
     for url in serve(http("200 OK", b"", length=10_000), trickle=True):
         with pytest.raises(TimeoutError, match=r"no complete answer within 0\.5s"):
             fetch_metrics(url, deadline=0.5)
+
+
+def test_trickling_headers_are_given_up_at_the_deadline() -> None:
+    """Header lines one at a time, each inside any per-read timeout: the deadline still cuts the answer."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def run() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            i = 0
+            while not stop.wait(0.1):
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"X-Header-{i}: 1\r\n".encode())
+                i += 1
+
+    server = threading.Thread(target=run, daemon=True)
+    server.start()
+    try:
+        with pytest.raises(TimeoutError, match="no complete answer"):
+            fetch_metrics(f"http://127.0.0.1:{srv.getsockname()[1]}/metrics", deadline=0.5)
+    finally:
+        stop.set()
+        server.join(timeout=5)
+        srv.close()
 
 
 def test_redirects_are_not_followed() -> None:
