@@ -141,31 +141,9 @@ class ScriptedKubelet(threading.Thread):
 KILLS_PER_ROUND = 25  # a fresh set of jobs every round, so that kills keep landing on jobs mid-lifecycle
 
 
-def _check_round(jobs: Jobs, seen: Observed, finals: dict[str, dict[str, Any]], r: int) -> dict[str, Any]:
-    wrong: dict[str, Any] = {}
-    for s in SCRIPTS:
-        name, st = f"{s.name}-{r}", finals[f"{s.name}-{r}"]
-        got = (st["state"], st.get("restarts"), st.get("disruptions"), st["conditions"][-1]["reason"]
-               if s.state == "Succeeded" else st["failure"]["reason"])
-        if got != (want := (s.state, s.restarts, s.disruptions, s.reason)):
-            wrong[name] = {"got": got, "want": want}
-        attempts = s.restarts + s.disruptions + 1
-        if seen.attempts[name] != set(range(attempts)):
-            wrong[f"{name}/attempts"] = {"got": sorted(seen.attempts[name]), "want": list(range(attempts))}
-        if seen.pods_created[name] != attempts * s.nodes:  # no duplicate pods: each rank once per attempt
-            wrong[f"{name}/pods"] = {"got": seen.pods_created[name], "want": attempts * s.nodes}
-        events = Counter(e.reason for e in jobs.events(name))
-        # events per transition, not per pass or per operator restart: per attempt at most PodsCreated and
-        # AllRanksRunning, per restart its Warning, and the job's end (3 per attempt in all)
-        if sum(events.values()) > 3 * attempts:
-            wrong[f"{name}/events"] = dict(events)
-    return wrong
-
-
-KILLS_PER_ROUND = 25  # a fresh set of jobs every round, so that kills keep landing on jobs mid-lifecycle
-
-
 def check_round(jobs: Jobs, seen: Observed, finals: dict[str, dict[str, Any]], r: int) -> dict[str, Any]:
+    """Every job of round ``r`` (named ``<script>-<r>``) against its script: final state, counters and reason, one
+    attempt label per attempt, each rank created once per attempt, at most 3 events per attempt. Empty: all held."""
     wrong: dict[str, Any] = {}
     for s in SCRIPTS:
         name, st = f"{s.name}-{r}", finals[f"{s.name}-{r}"]
