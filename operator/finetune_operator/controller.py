@@ -103,12 +103,7 @@ class Controller:
         lock = self._lock(key)
         while lock.acquire(blocking=False):
             try:
-                while True:
-                    with self._guard:
-                        if key not in self._dirty:
-                            break
-                        self._dirty.discard(key)
-                    self._reconcile_locked(key, None)
+                self._drain(key, None)
             finally:
                 lock.release()
             with self._guard:  # an event that came between the last check and the release
@@ -120,13 +115,16 @@ class Controller:
         with self._lock(key):
             with self._guard:
                 self._dirty.discard(key)  # this pass reads the newest state the store has
-            plan = self._reconcile_locked(key, job)
-            while True:  # events that came while this pass held the lock were left to it (on_event)
-                with self._guard:
-                    if key not in self._dirty:
-                        return plan
-                    self._dirty.discard(key)
-                plan = self._reconcile_locked(key, None)
+            return self._drain(key, self._reconcile_locked(key, job))
+
+    def _drain(self, key: Key, plan: Plan | None) -> Plan | None:
+        """With the job's lock held: one more pass while events came that were left to the holder (on_event)."""
+        while True:
+            with self._guard:
+                if key not in self._dirty:
+                    return plan
+                self._dirty.discard(key)
+            plan = self._reconcile_locked(key, None)
 
     def _reconcile_locked(self, key: Key, job: dict[str, Any] | None) -> Plan | None:
         namespace, name = key

@@ -29,7 +29,7 @@ from finetune_operator.builders import (
 )
 from finetune_operator.failures import Failure
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
-from finetune_operator.settings import LABEL_RANK, Settings
+from finetune_operator.settings import Settings
 from finetune_operator.spec import JobSpec
 from finetune_operator.state import Gang, Job, PodState
 from finetune_operator.status import (
@@ -242,8 +242,8 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         _wait_quota(p, over.violation.message)
         return
     ref, present = p.job.ref, gang.ranks
-    missing = [pod for pod in build_pods(ref, spec, attempt=st.attempt, settings=p.settings)
-               if _rank_label(pod) not in present]  # creation tolerates "already exists"
+    missing = [pod for rank, pod in enumerate(build_pods(ref, spec, attempt=st.attempt, settings=p.settings))
+               if rank not in present]  # build_pods is in rank order; creation tolerates "already exists"
     extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec)) if o is not None]
     p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
     st.attempt_start_time = now
@@ -259,10 +259,6 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     st.state = CREATED  # Restarting stays True until every rank of the new attempt runs
     p.event("Normal", "PodsCreated", f"attempt {st.attempt}: created {spec.nodes} trainer pod(s) "
             f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))")
-
-
-def _rank_label(pod: dict[str, Any]) -> int:
-    return int(pod["metadata"]["labels"][LABEL_RANK])
 
 
 def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | None) -> None:
