@@ -320,7 +320,9 @@ def test_namespace_quota_rejection_is_a_condition(cluster, jobs, operator, names
                     timeout=60, what="a QuotaExceeded condition")
     assert "exceeded quota" in cond["message"] and cond["status"] == "False"
     assert jobs.state("big") != "Failed"
-    assert "QuotaExceeded" in {e.reason for e in jobs.events("big")}
+    # the event is posted after the status write (and the deletion of the rank created before the refusal)
+    wait_for(lambda: "QuotaExceeded" in {e.reason for e in jobs.events("big")}, timeout=30,
+             what="a QuotaExceeded event on the job")
 
 
 HOLD = "test.finetune.dev/hold"  # a finalizer standing in for a kubelet still waiting for a trainer's checkpoint
