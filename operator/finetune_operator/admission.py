@@ -28,10 +28,12 @@ class Usage:
 
 @dataclass(frozen=True)
 class Observed:
-    """What the controller read besides the job and its pods (only before an attempt starts)."""
+    """What the controller read besides the job and its pods: claims and namespace use before an attempt starts;
+    the nodes of pods stuck terminating."""
 
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # name → PVC, for the claims that exist
     usage: Usage | None = None  # None: no namespace limit configured, nothing was read
+    lost_nodes: dict[str, str] = field(default_factory=dict)  # node → why its pods may be force-deleted
 
 
 def claims_to_check(job: str, spec: JobSpec) -> list[tuple[str, str]]:

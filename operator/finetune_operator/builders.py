@@ -103,6 +103,27 @@ def build_service(ref: JobRef) -> dict[str, Any]:
     }
 
 
+def build_network_policy(ref: JobRef, spec: JobSpec, settings: Settings) -> dict[str, Any] | None:
+    """NetworkPolicy J: the gang's pods accept connections from each other on every port (rendezvous, NCCL/gloo),
+    and on the metrics port from ``settings.metrics_from`` (NetworkPolicyPeers; empty: from anywhere, so the operator's
+    progress scrape and any Prometheus keep working). Everything else is refused: the rendezvous store is
+    unauthenticated. None when switched off, or for hostNetwork pods, which no NetworkPolicy applies to."""
+    if not settings.network_policy or spec.network.host_network:
+        return None
+    metrics: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]}
+    if settings.metrics_from:
+        metrics["from"] = [dict(peer) for peer in settings.metrics_from]
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": _meta(ref, ref.name, common_labels(ref.name, "network-policy")),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(ref.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": selector_labels(ref.name)}}]}, metrics],
+        },
+    }
+
+
 def build_output_claim(ref: JobRef, spec: JobSpec) -> dict[str, Any] | None:
     """The job's output claim from ``spec.output.volumeClaimTemplate``; owned by the job (deleted with it) unless
     ``reclaimPolicy: Retain``, in which case it outlives the job and a job of the same name resumes from it."""

@@ -6,23 +6,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import hashlib
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-import zlib
 from typing import Any
 
 from finetune_operator.settings import Settings
 
 
+def peering_priority(pod_name: str) -> int:
+    """Distinct per replica: two live replicas with equal priorities both pause in kopf (and in the backstop gate),
+    a silent outage until one restarts. 48 bits of the pod name's SHA-256 make a tie between the replicas of a
+    rollout (three pods in a surge) about 1e-14 likely, where 10,000 values made it 1e-4; 48 bits stay exact in the
+    peering object's JSON numbers."""
+    return int.from_bytes(hashlib.sha256(pod_name.encode()).digest()[:6], "big") + 1
+
+
 def _peering_priority() -> int:
-    """Distinct per replica (equal priorities would all freeze): from the pod name unless given."""
+    """From the pod name unless given."""
     if os.environ.get("FINETUNE_PEERING_PRIORITY"):
         return int(os.environ["FINETUNE_PEERING_PRIORITY"])
-    return zlib.crc32(os.environ.get("POD_NAME", os.uname().nodename).encode()) % 10_000 + 1
+    return peering_priority(os.environ.get("POD_NAME", os.uname().nodename))
 
 
 class PeeringGate:

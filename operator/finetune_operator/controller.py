@@ -11,17 +11,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from finetune_operator import admission
 from finetune_operator.admission import Observed
-from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, Conflict, Kube, Rejected
+from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, ApiError, Conflict, Kube, Rejected
 from finetune_operator.metrics import OperatorMetrics
 from finetune_operator.reconcile import Plan, create_rejected, decide, name_taken, namesake_in_the_way
 from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
-from finetune_operator.state import Job, PodState, read_job, read_pods
+from finetune_operator.state import Job, PodState, node_lost, read_job, read_pods
 from finetune_operator.status import PENDING, RUNNING, STATES, TERMINAL, Progress
 from finetune_operator.store import Store
 
@@ -199,9 +200,29 @@ class Controller:
         self.store.replace_pods(key, pods, version=version, events_seen=seen)
         return read_pods(pods)
 
+    def _lost_nodes(self, pods: list[PodState]) -> dict[str, str]:
+        """The nodes of pods stuck deleting past their grace period, when state.node_lost says they are lost. Read
+        only for such pods (rare); a node the operator may not read (no ``nodes: get``) counts as not lost."""
+        now, after = self.clock(), self.settings.restart_force_delete_after_seconds
+        stuck = {p.node for p in pods if p.node and p.deletion is not None
+                 and (now - p.deletion).total_seconds() > after}
+        lost = {}
+        for node_name in sorted(stuck):
+            try:
+                node = self.kube.get_node(node_name)
+            except ApiError as e:
+                log.warning("cannot read node %s, so its stuck pods are not force-deleted: %s", node_name, e)
+                continue
+            why = node_lost(node, mode=self.settings.force_delete, now=now, after_seconds=after)
+            if why is not None:
+                lost[node_name] = why
+        return lost
+
     def _act(self, key: Key, job: Job, observed: Observed) -> Plan | None:
         namespace, name = key
         pods = self._pods(key)
+        if self.settings.force_delete != "never" and (lost := self._lost_nodes(pods)):
+            observed = replace(observed, lost_nodes=lost)
         plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
                       observed=observed)
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,

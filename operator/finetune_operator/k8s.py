@@ -99,6 +99,7 @@ _CHILDREN = {
     "ConfigMap": lambda ns: _core(ns, "configmaps"),
     "PersistentVolumeClaim": lambda ns: _core(ns, "persistentvolumeclaims"),
     "PodDisruptionBudget": lambda ns: _group("policy", "v1", "poddisruptionbudgets", ns),
+    "NetworkPolicy": lambda ns: _group("networking.k8s.io", "v1", "networkpolicies", ns),
 }
 
 
@@ -207,17 +208,21 @@ class Kube:
             version = 0
         return list(body.get("items", [])), version
 
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        """A Node, or None when it no longer exists (its pods can then never be confirmed stopped)."""
+        return self._read(f"/api/v1/nodes/{_q(name)}")
+
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(_core(namespace, "persistentvolumeclaims", name))
 
     # -- writes --------------------------------------------------------------------------------------
 
     def create(self, obj: dict[str, Any]) -> str:
-        """Create a job's child (Pod, Service, ConfigMap, claim, PDB): :data:`CREATED`, :data:`EXISTS` (ours already,
-        or an ownerless object such as a retained claim), :data:`FOREIGN` (an object of the same name controlled by
-        another owner: a deleted job of the same name whose children the garbage collector has not removed yet; never
-        adopted) or :data:`TAKEN` (an object of the same name that nothing controls). An object the API server refuses
-        raises :class:`Rejected`."""
+        """Create a job's child (Pod, Service, ConfigMap, claim, PDB, NetworkPolicy): :data:`CREATED`, :data:`EXISTS`
+        (ours already, a ConfigMap then rewritten when its data differs; or an ownerless object such as a retained
+        claim), :data:`FOREIGN` (an object of the same name controlled by another owner: a deleted job of the same name
+        whose children the garbage collector has not removed yet; never adopted) or :data:`TAKEN` (an object of the
+        same name that nothing controls). An object the API server refuses raises :class:`Rejected`."""
         meta = obj["metadata"]
         path = _CHILDREN[obj["kind"]](meta["namespace"])
         if self._write("create", "POST", path, body=obj, ok=(409,)):
@@ -234,7 +239,20 @@ class Kube:
         held_owner = _controller_uid(held)
         if held_owner is None:
             return TAKEN
-        return EXISTS if held_owner == owner else FOREIGN
+        if held_owner != owner:
+            return FOREIGN
+        if obj["kind"] == "ConfigMap" and held.get("data") != obj.get("data"):
+            # The resolved config follows the spec's mutable fields (the deadline behind ddp_timeout, the cache, the
+            # rendezvous timeout): rewritten before the attempt's pods are created, so they start with the new one.
+            meta = dict(held["metadata"])
+            body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": meta.get("resourceVersion")}}
+            try:
+                resp = self._request("update", "PUT", f"{path}/{_q(meta['name'])}", body=body, conflict=(404, 409))
+            except Rejected as e:  # a Role without update (an older chart): the pass retries, never an InvalidSpec
+                raise ApiError(e.code, f"updating ConfigMap {meta['name']}: {e.message}") from e
+            if resp is not None:
+                _release(resp.response)
+        return EXISTS
 
     def delete_pod(self, namespace: str, name: str, *, uid: str, grace_seconds: int | None) -> bool:
         """Delete exactly this pod (uid precondition: never a newer pod of the same name)."""

@@ -21,6 +21,7 @@ from finetune_operator import admission, guardrails
 from finetune_operator.admission import Observed
 from finetune_operator.builders import (
     build_config_map,
+    build_network_policy,
     build_output_claim,
     build_pdb,
     build_pods,
@@ -85,6 +86,7 @@ class _Pass:
     now: datetime
     settings: Settings
     plan: Plan
+    lost_nodes: dict[str, str] = field(default_factory=dict)  # node name → why its pods may be force-deleted
 
     @property
     def st(self) -> Status:
@@ -103,17 +105,25 @@ class _Pass:
     def event(self, type_: str, reason: str, message: str) -> None:
         self.plan.events.append(Event(type_, reason, message))
 
-    def delete(self, pods: list[PodState], *, keep: str | None = None) -> None:
-        """Delete pods; a pod already deleting whose deadline passed long ago is force-deleted (its node no longer
-        answers, so nothing else will ever finish the deletion)."""
-        force_after = timedelta(seconds=self.settings.restart_force_delete_after_seconds)
+    def delete(self, pods: list[PodState], *, keep: str | None = None, grace_seconds: int | None = None) -> None:
+        """Delete pods (``grace_seconds``: None for the pod's own grace period). A pod still deleting long after its
+        grace period is force-deleted only when its node is lost (state.node_lost): a force deletion frees the name
+        for the next attempt, and on a node that is merely slow the old processes would still run beside it."""
         for p in pods:
             if p.name == keep:
                 continue
             if p.deletion is None:
-                self.plan.delete.append(PodDelete(p.name, p.uid))
-            elif self.now > p.deletion + force_after:
+                self.plan.delete.append(PodDelete(p.name, p.uid, grace_seconds=grace_seconds))
+            elif self.overdue(p) and (why := self.lost_nodes.get(p.node or "")) is not None:
                 self.plan.delete.append(PodDelete(p.name, p.uid, grace_seconds=0))
+                overdue = (self.now - p.deletion).total_seconds()
+                self.event("Warning", "ForceDeleted", f"pod {p.name} force-deleted {overdue:.0f}s after its grace "
+                           f"period ended: {why} (node {p.node}); its processes cannot be confirmed stopped")
+
+    def overdue(self, pod: PodState) -> bool:
+        """Still deleting ``restart_force_delete_after_seconds`` after the deadline its deletionTimestamp gives."""
+        force_after = timedelta(seconds=self.settings.restart_force_delete_after_seconds)
+        return pod.deletion is not None and self.now > pod.deletion + force_after
 
     def ttl(self) -> None:
         ttl, done = self.job.ttl_seconds_after_finished, self.st.completion_time
@@ -132,8 +142,9 @@ def decide(job: Job, pods: list[PodState], *, now: datetime, settings: Settings,
     ``observed`` is what the controller read for the checks before an attempt starts (claims, namespace use)."""
     st = copy.deepcopy(job.status)
     st.observed_generation = job.generation
-    p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st))
-    _decide(p, Gang.of(pods, uid=job.ref.uid, attempt=st.attempt), progress, observed or Observed())
+    observed = observed or Observed()
+    p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st), lost_nodes=observed.lost_nodes)
+    _decide(p, Gang.of(pods, uid=job.ref.uid, attempt=st.attempt), progress, observed)
     # The gang's PodDisruptionBudget lives while the job can run: it goes when the job stops or finishes.
     if job.pdb_enabled and st.state != p.was and st.state in (*TERMINAL, SUSPENDED):
         p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
@@ -244,7 +255,8 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     ref, present = p.job.ref, gang.ranks
     missing = [pod for rank, pod in enumerate(build_pods(ref, spec, attempt=st.attempt, settings=p.settings))
                if rank not in present]  # build_pods is in rank order; creation tolerates "already exists"
-    extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec)) if o is not None]
+    extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec),
+                         build_network_policy(ref, spec, p.settings)) if o is not None]
     p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
     st.attempt_start_time = now
     st.admission_retry_time = None
@@ -368,7 +380,11 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
     st.attempt_start_time = None
     st.restart_requested_time = p.now
     st.ready_nodes = 0
-    p.delete(current)
+    # After a disruption the ranks agree on a checkpoint, which takes the pods' grace period. After a failure a rank
+    # is gone, so the survivors (often blocked in a collective) can save nothing: a short grace frees the GPUs.
+    grace = None if failure.disruption else min(spec.termination_grace_period_seconds,
+                                                 p.settings.failure_restart_grace_seconds)
+    p.delete(current, grace_seconds=grace)
     p.plan.restart_reason = failure.reason
     counted = "not counted: disruption" if failure.disruption else f"restart {st.restarts}/{spec.max_restarts}"
     p.transition(RESTARTING, failure.reason, f"gang restart to attempt {st.attempt} ({counted}): {failure.message}",

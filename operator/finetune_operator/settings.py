@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 GROUP = "finetune.dev"
 VERSION = "v1alpha1"
@@ -29,11 +31,28 @@ EXIT_RENDEZVOUS_TIMEOUT = 75
 EXIT_TERMINATED = 143  # SIGTERM: checkpoint saved, restartable
 EXIT_CUDA_OOM = 77  # the GPU ran out of memory: the same settings would again
 EXIT_EXPORT_FAILED = 74  # trained, but pushing the model out failed; the model is on the claim
+EXIT_OUTPUT_FULL = 73  # the output volume is full: the next attempt would fail at the same save
 
 
 def _int(name: str, default: int) -> int:
     v = os.environ.get(name)
     return int(v) if v else default
+
+
+def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
+    v = os.environ.get(name) or default
+    if v not in allowed:
+        raise ValueError(f"{name}={v!r}: expected one of {', '.join(allowed)}")
+    return v
+
+
+def _peers(name: str) -> tuple[dict[str, Any], ...]:
+    """A JSON list of NetworkPolicyPeer objects (the chart writes it with toJson)."""
+    raw = os.environ.get(name, "").strip()
+    peers = json.loads(raw) if raw else []
+    if not isinstance(peers, list) or not all(isinstance(p, dict) for p in peers):
+        raise ValueError(f"{name}: expected a JSON list of NetworkPolicyPeer objects, got {raw!r}")
+    return tuple(peers)
 
 
 def _list(name: str) -> tuple[str, ...]:
@@ -52,7 +71,11 @@ class Settings:
     watch_cache: bool = True  # passes read jobs and pods from the watches (finetune_operator.store), not the API
     max_disruptions: int = 20  # eviction/preemption restarts, not counted in maxRestarts, bounded
     waiting_timeout_seconds: int = 600  # image pull / container config errors before the job fails
-    restart_force_delete_after_seconds: int = 30  # beyond the grace period, for pods whose node is gone
+    # A pod still terminating this long after its grace period is force-deleted when its node is lost
+    # (state.node_lost: gone, out-of-service, or with force_delete 'not-ready' NotReady that long).
+    restart_force_delete_after_seconds: int = 30
+    force_delete: str = "not-ready"  # not-ready | out-of-service | never
+    failure_restart_grace_seconds: int = 15  # ranks stopped after a peer failed: nothing can be saved
     progress_interval_seconds: int = 15
     metrics_port: int = 8080
     peering_lifetime_seconds: int = 60  # kopf peering: a crashed active replica blocks fail-over this long
@@ -67,6 +90,10 @@ class Settings:
     max_gpus_per_job: int = 0
     max_nodes_per_namespace: int = 0  # across the namespace's active jobs; a job over it waits (QuotaExceeded)
     max_gpus_per_namespace: int = 0
+    # A NetworkPolicy per job (builders.build_network_policy): ranks reach each other, the metrics port is reachable
+    # from metrics_from (NetworkPolicyPeers; empty: from anywhere), nothing else reaches the trainer pods.
+    network_policy: bool = True
+    metrics_from: tuple[dict[str, Any], ...] = ()
 
     def trainer_image(self, *, acceleration: str, image: str | None) -> str:
         """The trainer image of a job: its own ``spec.image``, else the ONNX Runtime image for ``ort`` (the only
@@ -86,6 +113,11 @@ class Settings:
             watch_cache=os.environ.get("FINETUNE_WATCH_CACHE", "1").lower() not in ("0", "false", "no"),
             max_disruptions=_int("FINETUNE_MAX_DISRUPTIONS", cls.max_disruptions),
             waiting_timeout_seconds=_int("FINETUNE_WAITING_TIMEOUT_SECONDS", cls.waiting_timeout_seconds),
+            restart_force_delete_after_seconds=_int("FINETUNE_FORCE_DELETE_AFTER_SECONDS",
+                                                    cls.restart_force_delete_after_seconds),
+            force_delete=_choice("FINETUNE_FORCE_DELETE", cls.force_delete, ("not-ready", "out-of-service", "never")),
+            failure_restart_grace_seconds=_int("FINETUNE_FAILURE_RESTART_GRACE_SECONDS",
+                                               cls.failure_restart_grace_seconds),
             progress_interval_seconds=_int("FINETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds),
             metrics_port=_int("FINETUNE_METRICS_PORT", cls.metrics_port),
             peering_lifetime_seconds=_int("FINETUNE_PEERING_LIFETIME_SECONDS", cls.peering_lifetime_seconds),
@@ -98,4 +130,6 @@ class Settings:
             max_gpus_per_job=_int("FINETUNE_MAX_GPUS_PER_JOB", 0),
             max_nodes_per_namespace=_int("FINETUNE_MAX_NODES_PER_NAMESPACE", 0),
             max_gpus_per_namespace=_int("FINETUNE_MAX_GPUS_PER_NAMESPACE", 0),
+            network_policy=os.environ.get("FINETUNE_NETWORK_POLICY", "true").lower() not in ("0", "false", "no"),
+            metrics_from=_peers("FINETUNE_NETWORK_POLICY_METRICS_FROM"),
         )

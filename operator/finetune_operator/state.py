@@ -73,6 +73,7 @@ class PodState:
     ip: str | None
     failure: Failure | None  # failures.classify_pod
     waiting: WaitingProblem | None  # failures.waiting_problem
+    node: str | None = None  # spec.nodeName: where it was scheduled
 
     @property
     def deleting(self) -> bool:
@@ -99,7 +100,8 @@ def read_pod(wire: dict[str, Any]) -> PodState:
     return PodState(name=meta["name"], uid=meta.get("uid", ""), resource_version=version, owner_uid=owner,
                     attempt=_label_int(labels, LABEL_ATTEMPT), rank=_label_int(labels, LABEL_RANK),
                     phase=str(status.get("phase") or "Pending"), deletion=parse_ts(meta.get("deletionTimestamp")),
-                    ip=status.get("podIP"), failure=classify_pod(wire), waiting=waiting_problem(wire))
+                    ip=status.get("podIP"), failure=classify_pod(wire), waiting=waiting_problem(wire),
+                    node=(wire.get("spec") or {}).get("nodeName"))
 
 
 def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:
@@ -138,3 +140,32 @@ class Gang:
     @property
     def succeeded(self) -> int:
         return sum(1 for p in self.current if p.phase == "Succeeded")
+
+
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+
+def node_lost(node: dict[str, Any] | None, *, mode: str, now: datetime, after_seconds: float) -> str | None:
+    """Why a pod stuck terminating on ``node`` may be force-deleted (its kubelet will never confirm the deletion),
+    or None: then it may not, because its processes may still run and hold the GPU and the shared checkpoints.
+
+    As PodGC judges it: the Node object is gone, or an administrator tainted it out-of-service (non-graceful node
+    shutdown); with ``mode`` ``not-ready`` (the default) also a node whose Ready condition has been False or Unknown for
+    ``after_seconds`` (the node lifecycle controller marks it Unknown when its kubelet stops reporting). ``never``
+    turns force deletion off."""
+    if mode == "never":
+        return None
+    if node is None:
+        return "the node is gone"
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("key") == OUT_OF_SERVICE_TAINT:
+            return f"the node is tainted {OUT_OF_SERVICE_TAINT}"
+    if mode != "not-ready":
+        return None
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") != "Ready" or c.get("status") == "True":
+            continue
+        since = parse_ts(c.get("lastTransitionTime"))
+        if since is not None and (now - since).total_seconds() >= after_seconds:
+            return f"the node has been Ready={c.get('status')} since {c.get('lastTransitionTime')}"
+    return None

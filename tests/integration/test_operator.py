@@ -148,6 +148,27 @@ def test_rank_failure_restarts_the_gang(jobs, operator, kubelet) -> None:  # typ
     assert jobs.condition("gang", "Restarting")["status"] == "False"
 
 
+def test_the_next_attempt_runs_with_the_config_of_the_edited_spec(jobs, operator, kubelet, api_client,
+                                                                  namespace) -> None:  # type: ignore[no-untyped-def]
+    """A mutable field edited while attempt 0 runs (spec.activeDeadlineSeconds, from which the collective timeout
+    ddp_timeout is derived) reaches the resolved-config ConfigMap that attempt 1's pods start with."""
+    from kubernetes import client
+
+    def ddp_timeout() -> int:
+        cm = client.CoreV1Api(api_client).read_namespaced_config_map("edited-config", namespace)
+        return int(json.loads(cm.data["config.json"])["training"]["extraArgs"]["ddp_timeout"])
+
+    jobs.create(make_job("edited").nodes(2).max_restarts(2).set("activeDeadlineSeconds", 4000).build())
+    for p in jobs.wait_pods("edited", 2, attempt=0):
+        kubelet.run(p.metadata.name)
+    jobs.wait_state("edited", "Running")
+    assert ddp_timeout() == 1000  # a quarter of the deadline
+    jobs.patch("edited", {"activeDeadlineSeconds": 2000})
+    kubelet.exit("edited-node-1", 1, message="RuntimeError: injected")
+    jobs.wait_pods("edited", 2, attempt=1)
+    assert ddp_timeout() == 500
+
+
 def test_restarts_exhausted_fails_and_frees_ranks(jobs, operator, kubelet) -> None:  # type: ignore[no-untyped-def]
     jobs.create(make_job("tired").nodes(2).max_restarts(1).build())
     for attempt in (0, 1):
@@ -287,18 +308,31 @@ def test_operator_restart_mid_reconcile_creates_no_duplicates(cluster, jobs, nam
         second.stop()
 
 
-def test_deleting_the_job_collects_every_child(jobs, operator, namespace) -> None:  # type: ignore[no-untyped-def]
+def test_deleting_the_job_collects_every_child(jobs, operator, namespace, api_client) -> None:  # type: ignore[no-untyped-def]
+    from kubernetes import client
+
+    net = client.NetworkingV1Api(api_client)
     jobs.create(make_job("gc").nodes(2).build())
     jobs.wait_pods("gc", 2)
+    # the job's NetworkPolicy, as the API server accepted it: the gang's pods reach each other, the metrics port is
+    # open (no metricsFrom configured), nothing else
+    policy = net.read_namespaced_network_policy("gc", namespace)
+    assert policy.metadata.owner_references[0].kind == "FineTuneJob"
+    assert policy.spec.pod_selector.match_labels == {"finetune.dev/job-name": "gc"}
+    peers, metrics = policy.spec.ingress
+    assert peers.ports is None and peers._from[0].pod_selector.match_labels == {"finetune.dev/job-name": "gc"}
+    assert [p.port for p in metrics.ports] == [9400] and metrics._from is None
     jobs.delete("gc")
 
     def children() -> int:
         n = len(jobs.pods("gc"))
         n += len(jobs.core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items)
         n += len(jobs.core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=gc").items)
+        n += len(net.list_namespaced_network_policy(namespace, label_selector="finetune.dev/job-name=gc").items)
         return n
 
-    wait_for(lambda: children() == 0, timeout=60, what="the garbage collector to remove pods, service, config")
+    wait_for(lambda: children() == 0, timeout=60, what="the garbage collector to remove pods, service, config, "
+             "network policy")
 
 
 def test_pod_the_api_server_refuses_becomes_invalid_spec(jobs, operator) -> None:  # type: ignore[no-untyped-def]

@@ -37,12 +37,13 @@ GPU = {"limits": {"nvidia.com/gpu": 8}}
 
 def test_claim_template_is_created_owned_by_the_job_before_the_pods() -> None:
     plan = decided(job(nodes=2, output={"volumeClaimTemplate": TEMPLATE}), [])
-    assert [o["kind"] for o in plan.create] == ["PersistentVolumeClaim", "Service", "ConfigMap", "Pod", "Pod"]
+    assert [o["kind"] for o in plan.create] == ["PersistentVolumeClaim", "NetworkPolicy", "Service", "ConfigMap", "Pod",
+                                          "Pod"]
     claim = plan.create[0]
     assert claim["metadata"]["name"] == "ft-output"
     assert claim["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert claim["spec"] == TEMPLATE["spec"]
-    vols = {v["name"]: v for v in plan.create[3]["spec"]["volumes"]}
+    vols = {v["name"]: v for v in plan.create[4]["spec"]["volumes"]}
     assert vols["output"]["persistentVolumeClaim"] == {"claimName": "ft-output"}
 
 

@@ -180,7 +180,7 @@ def test_healthy_pods_have_no_failure_and_waiting_is_explained() -> None:
 
 def test_first_pass_creates_the_gang_and_a_quiet_pass_writes_nothing() -> None:
     plan = decided(job(nodes=2), [])
-    assert [o["kind"] for o in plan.create] == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert [o["kind"] for o in plan.create] == ["NetworkPolicy", "Service", "ConfigMap", "Pod", "Pod"]
     assert plan.status.state == "Created"
     again = decided(job(plan.status, nodes=2), [running(0), running(1)])
     quiet = decided(job(again.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(minutes=5))
@@ -197,6 +197,68 @@ def test_failure_restarts_whole_gang_and_waits_for_old_pods() -> None:
     nxt = decided(job(wait.status, nodes=2), [], now=NOW + timedelta(seconds=3))
     assert [p["metadata"]["labels"]["finetune.dev/attempt"] for p in nxt.create if p["kind"] == "Pod"] == ["1", "1"]
     assert nxt.status.last_restart_gap_seconds == 3.0
+
+
+def test_a_failure_restart_stops_survivors_with_a_short_grace_a_disruption_with_the_full_one() -> None:
+    """After a failure no collective checkpoint is possible (a rank is gone): the survivors get a short grace. After a
+    disruption the ranks save on SIGTERM: the pods' own grace period."""
+    failed = decided(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Failed", code=1)])
+    assert {d.name: d.grace_seconds for d in failed.delete} == {"ft-node-0": 15, "ft-node-1": 15}
+    short_spec = decided(job(dict(STARTED), nodes=2, terminationGracePeriodSeconds=5),
+                         [running(0), running(1, phase="Failed", code=1)])
+    assert {d.grace_seconds for d in short_spec.delete} == {5}  # never longer than the job's own
+    evicted = decided(job(dict(STARTED), nodes=2), [running(0, pod_reason="Evicted", phase="Failed"), running(1)])
+    assert evicted.status.disruptions == 1
+    assert {d.grace_seconds for d in evicted.delete} == {None}
+
+
+def _stuck(rank: int, *, attempt: int = 0, overdue_s: float, node: str = "n1") -> dict[str, Any]:
+    """A pod of ``attempt`` whose deletion deadline (deletionTimestamp) passed ``overdue_s`` ago, on ``node``."""
+    p = running(rank, attempt)
+    p["metadata"]["deletionTimestamp"] = ts(NOW - timedelta(seconds=overdue_s))
+    p["spec"] = {"nodeName": node}
+    return p
+
+
+def test_a_pod_stuck_terminating_on_a_live_node_is_never_force_deleted() -> None:
+    """Force deletion frees the pod's name for the next attempt while its processes may still run: on a node that
+    reports Ready they may (a slow checkpoint, a hung NFS mount), so the old attempt is waited for."""
+    restarting = dict(STARTED, attempt=1, state="Restarting", attemptStartTime=None)
+    plan = decided(job(restarting, nodes=2), [_stuck(0, overdue_s=600), _stuck(1, overdue_s=600)])
+    assert plan.delete == [] and plan.create == [] and plan.status.state == "Restarting"
+
+
+def test_a_pod_stuck_terminating_on_a_lost_node_is_force_deleted_with_an_event() -> None:
+    from finetune_operator.admission import Observed
+
+    restarting = dict(STARTED, attempt=1, state="Restarting", attemptStartTime=None)
+    pods = [_stuck(0, overdue_s=600, node="gone"), _stuck(1, overdue_s=5, node="gone"), _stuck(2, overdue_s=600)]
+    plan = decided(job(restarting, nodes=3), pods, observed=Observed(lost_nodes={"gone": "the node is gone"}))
+    # only the overdue pod on the lost node; the one on the lost node still within the threshold waits
+    assert [(d.name, d.grace_seconds) for d in plan.delete] == [("ft-node-0", 0)]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ForceDeleted")]
+    assert "the node is gone" in plan.events[0].message and "node gone" in plan.events[0].message
+
+
+@pytest.mark.parametrize(("node", "mode", "lost"), [
+    (None, "not-ready", True),
+    ({"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]}}, "out-of-service",
+     True),
+    ({"status": {"conditions": [{"type": "Ready", "status": "Unknown",
+                                 "lastTransitionTime": ts(NOW - timedelta(seconds=60))}]}}, "not-ready", True),
+    ({"status": {"conditions": [{"type": "Ready", "status": "Unknown",
+                                 "lastTransitionTime": ts(NOW - timedelta(seconds=10))}]}}, "not-ready", False),
+    ({"status": {"conditions": [{"type": "Ready", "status": "False",
+                                 "lastTransitionTime": ts(NOW - timedelta(seconds=60))}]}}, "out-of-service", False),
+    ({"status": {"conditions": [{"type": "Ready", "status": "True",
+                                 "lastTransitionTime": ts(NOW - timedelta(seconds=600))}]}}, "not-ready", False),
+    (None, "never", False),
+], ids=["deleted", "out-of-service", "unknown-long-enough", "unknown-briefly", "not-ready-but-strict", "ready",
+        "never"])
+def test_node_lost(node, mode, lost) -> None:  # type: ignore[no-untyped-def]
+    from finetune_operator.state import node_lost
+
+    assert (node_lost(node, mode=mode, now=NOW, after_seconds=30) is not None) is lost
 
 
 def test_layering_builders_and_decisions_do_no_io() -> None:
@@ -278,7 +340,7 @@ def test_a_new_job_waits_for_a_deleted_namesakes_pods() -> None:
     again = decided(job(plan.status, nodes=2), [old_pod])
     assert again.events == [] and again.status.disruptions == 0 and again.status.restarts == 0
     gone = decided(job(again.status, nodes=2), [])
-    assert [o["kind"] for o in gone.create] == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert [o["kind"] for o in gone.create] == ["NetworkPolicy", "Service", "ConfigMap", "Pod", "Pod"]
     assert gone.status.condition("Created").status  # type: ignore[union-attr]
 
 
@@ -302,6 +364,23 @@ def test_resume_restarts_the_deadline_clock() -> None:
     assert plan.status.state == "Created" and plan.status.start_time == NOW
 
 
+def test_network_policy_admits_the_gang_and_the_metrics_scrape_only() -> None:
+    from finetune_operator.builders import build_network_policy
+
+    ref, spec = JobRef(name="ft", namespace="ns", uid="u"), parse_spec(base_spec(nodes=2))
+    policy = build_network_policy(ref, spec, Settings())
+    assert policy is not None and policy["spec"]["podSelector"] == {"matchLabels": {"finetune.dev/job-name": "ft"}}
+    gang, metrics = policy["spec"]["ingress"]
+    assert gang == {"from": [{"podSelector": {"matchLabels": {"finetune.dev/job-name": "ft"}}}]}
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 9400}]}  # from anywhere unless narrowed
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    narrowed = build_network_policy(ref, spec, Settings(metrics_from=(prometheus,)))
+    assert narrowed is not None and narrowed["spec"]["ingress"][1]["from"] == [prometheus]
+    assert build_network_policy(ref, spec, Settings(network_policy=False)) is None
+    host = parse_spec(base_spec(nodes=2, network={"hostNetwork": True}))
+    assert build_network_policy(ref, host, Settings()) is None  # no NetworkPolicy applies to hostNetwork pods
+
+
 def test_kueue_group_label_fits_63_characters() -> None:
     spec = parse_spec(base_spec(queueName="q"))
     pod = build_pod(JobRef(name="a" * 54, namespace="ns", uid="u"), spec, rank=0, attempt=12, settings=Settings())
@@ -322,6 +401,22 @@ def test_peering_gate(peers, active) -> None:  # type: ignore[no-untyped-def]
     status = {k: {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
               for k, (p, age) in peers.items()}
     assert peering_active(status, own_priority=7, now=NOW) is active
+
+
+def test_peering_priorities_of_replicas_do_not_tie() -> None:
+    """Replicas of a Deployment (names as the ReplicaSet controller draws them) get distinct priorities: a tie pauses
+    every replica. 5,000 names in 10,000 values (the former crc32 range) would tie almost surely."""
+    import random
+
+    from finetune_operator.cli import peering_priority
+
+    rng = random.Random(7)
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"  # the ReplicaSet/pod-name suffix alphabet
+    names = {f"finetune-operator-{''.join(rng.choices(alphabet, k=10))}-{''.join(rng.choices(alphabet, k=5))}"
+             for _ in range(5000)}
+    priorities = {peering_priority(n) for n in names}
+    assert len(priorities) == len(names)
+    assert all(0 < p < 2**53 for p in priorities)  # exact as a JSON number in the peering object
 
 
 def test_progress_waits_for_the_training_loop() -> None:

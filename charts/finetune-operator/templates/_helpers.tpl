@@ -82,6 +82,16 @@ The operator's permissions, shared by the ClusterRole (rbac.scope=cluster) and e
 Exactly the calls the operator makes (operator/finetune_operator/k8s.py) plus what kopf needs; the chart tests
 prove both that it suffices (the operator runs as this ServiceAccount) and that it is no more (a permission matrix).
 */}}
+{{- define "finetune-operator.nodeRules" -}}
+{{- if ne .Values.operator.forceDelete.mode "never" }}
+# Nodes: read only for a trainer pod stuck terminating past its grace period, to force-delete it only when its node is
+# lost (gone, out-of-service, or NotReady; operator.forceDelete), never while the old processes may still run.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get]
+{{- end }}
+{{- end -}}
+
 {{- define "finetune-operator.rules" -}}
 # FineTuneJobs: watched by kopf and the backstop resync; deleted when ttlSecondsAfterFinished expires.
 - apiGroups: [finetune.dev]
@@ -104,8 +114,12 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 # get: a create answered "already exists" is checked for its owner, so that a deleted job's objects of the same name
 # are waited out, never adopted (no more than the pods the operator creates could read anyway).
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [services]
   verbs: [create, get]
+# update: the ConfigMap is rewritten when an attempt starts with a config that changed (a mutable spec field).
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [create, get, update]
 # Output claims: read (access-mode check before an attempt starts) and created from spec.output.volumeClaimTemplate;
 # never deleted by the operator (owner references, or kept with reclaimPolicy Retain).
 - apiGroups: [""]
@@ -115,8 +129,26 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [create, delete, get]
+# The NetworkPolicy of a job's pods (trainerNetworkPolicy): created once, cleaned up by owner references; get as for
+# Services (a namesake's is waited out).
+{{- if .Values.trainerNetworkPolicy.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, get]
+{{- end }}
 # Events on FineTuneJobs (the operator's and kopf's).
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- end }}
+
+{{/* The trainer NetworkPolicy's peers for the metrics port, as JSON: metricsFrom plus the operator's own pods (its
+progress scrape), or [] (from anywhere) when metricsFrom is empty. */}}
+{{- define "finetune-operator.metricsFrom" -}}
+{{- $peers := .Values.trainerNetworkPolicy.metricsFrom }}
+{{- if $peers }}
+{{- $self := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "finetune-operator.selectorLabels" . | fromYaml)) }}
+{{- $peers = append $peers $self }}
+{{- end }}
+{{- toJson $peers }}
+{{- end -}}
