@@ -62,13 +62,19 @@ OPERATOR_RULES = {
     ("", "services", "get"),
     ("", "configmaps", "create"),
     ("", "configmaps", "get"),
+    ("", "configmaps", "update"),
     ("", "events", "create"),
     ("", "persistentvolumeclaims", "get"),
     ("", "persistentvolumeclaims", "create"),
     ("policy", "poddisruptionbudgets", "create"),
     ("policy", "poddisruptionbudgets", "delete"),
     ("policy", "poddisruptionbudgets", "get"),
+    ("networking.k8s.io", "networkpolicies", "create"),
+    ("networking.k8s.io", "networkpolicies", "get"),
 }
+# Cluster-scoped and read-only (operator.forceDelete): whether a stuck pod's node is lost. A ClusterRoleBinding, so a
+# rules review lists it in every namespace, in the namespaced mode too.
+NODE_RULES = {("", "nodes", "get")}
 PEERING_VERBS = ("get", "list", "watch", "patch")
 
 
@@ -351,6 +357,7 @@ MUST = [
     ("get", "services"),
     ("create", "configmaps"),
     ("get", "configmaps"),
+    ("update", "configmaps"),
     ("create", "events"),
     ("get", "persistentvolumeclaims"),
     ("create", "persistentvolumeclaims"),
@@ -465,7 +472,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
 
         # permissions: exactly the operator's rules, everywhere (cluster scope), and nothing else
         rules = _ssrr(kc, work)
-        assert rules == OPERATOR_RULES | {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}, rules
+        assert rules == OPERATOR_RULES | NODE_RULES | {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}, rules
         problems = (
             _matrix(cluster, rel, MUST, work, True)
             + _matrix(cluster, rel, MUST_NOT, work, False)
@@ -558,11 +565,12 @@ def test_namespaced_scope_install_and_run(
         _prove_reconcile(cluster, op, b)
         _assert_clean_log(op)
 
-        expected = OPERATOR_RULES | {("kopf.dev", "kopfpeerings", v) for v in PEERING_VERBS}
+        expected = OPERATOR_RULES | NODE_RULES | {("kopf.dev", "kopfpeerings", v) for v in PEERING_VERBS}
         for w in (a, b):
             assert _ssrr(kc, w) == expected
-        assert _ssrr(kc, unwatched) == set(), "the operator must have no rights outside its namespaces"
-        assert _ssrr(kc, ns) == set(), "nor in its own namespace"
+        # outside its namespaces only the cluster-scoped read of nodes, nothing namespaced
+        assert _ssrr(kc, unwatched) == NODE_RULES, "the operator must have no rights outside its namespaces"
+        assert _ssrr(kc, ns) == NODE_RULES, "nor in its own namespace"
         problems = (
             _matrix(cluster, rel, MUST, a, True)
             + _matrix(cluster, rel, MUST_NOT, a, False)

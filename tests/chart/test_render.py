@@ -228,9 +228,16 @@ def test_rbac_modes(helm: Helm) -> None:
     roles = find(namespaced, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in find(namespaced, "RoleBinding")) == ["team-a", "team-b"]
-    # the only cluster-scoped RBAC in namespaced mode is for humans (aggregated edit/view), never the operator
-    assert sorted(r["metadata"]["name"] for r in find(namespaced, "ClusterRole")) == ["finetune-edit", "finetune-view"]
-    assert not find(namespaced, "ClusterRoleBinding")
+    # cluster-scoped RBAC in namespaced mode: for humans (aggregated edit/view), and for the operator only `get` on
+    # nodes (operator.forceDelete); with forceDelete.mode=never, none for the operator at all
+    assert sorted(r["metadata"]["name"] for r in find(namespaced, "ClusterRole")) == [
+        "finetune-edit", "finetune-operator-nodes", "finetune-view"]
+    nodes_role = one(namespaced, "ClusterRole", "finetune-operator-nodes")
+    assert nodes_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert [b["roleRef"]["name"] for b in find(namespaced, "ClusterRoleBinding")] == ["finetune-operator-nodes"]
+    never = helm.render(VALUE_SETS["namespaced"] | {"operator": {"forceDelete": {"mode": "never"}}})
+    assert sorted(r["metadata"]["name"] for r in find(never, "ClusterRole")) == ["finetune-edit", "finetune-view"]
+    assert not find(never, "ClusterRoleBinding")
     assert sorted(p["metadata"]["namespace"] for p in find(namespaced, "KopfPeering")) == ["team-a", "team-b"]
     assert not find(namespaced, "ClusterKopfPeering")
     for r in roles:
