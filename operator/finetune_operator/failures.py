@@ -11,6 +11,7 @@ from finetune_operator.settings import (
     EXIT_CONFIG_ERROR,
     EXIT_CUDA_OOM,
     EXIT_EXPORT_FAILED,
+    EXIT_OUTPUT_FULL,
     EXIT_RENDEZVOUS_TIMEOUT,
     EXIT_TERMINATED,
 )
@@ -123,6 +124,11 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
         # Deterministic for a given batch size and model: another attempt would fail the same way.
         return Failure("CUDAOutOfMemory", detail or "the GPU ran out of memory (exit 77)", permanent=True,
                        exit_code=code, finished_at=finished)
+    if code == EXIT_OUTPUT_FULL:
+        # The restart would resume and fail at the same save: only a larger claim or fewer checkpoints help.
+        return Failure("OutputFull", detail or "the output volume is full (exit 73); enlarge the output claim "
+                       "(spec.output) or lower spec.training.keepCheckpoints", permanent=True, exit_code=code,
+                       finished_at=finished)
     if code == EXIT_TERMINATED:
         # The trainer got SIGTERM from outside the operator, saved a checkpoint and stopped: restart the gang
         # without counting it (bounded by the operator's disruption limit).

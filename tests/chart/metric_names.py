@@ -38,6 +38,7 @@ TRAINER_GAUGES = {
     "finetune_train_tokens_per_second",
     "finetune_train_mfu",
     "finetune_checkpoint_last_step",
+    "finetune_checkpoint_resume_fallbacks",
     "finetune_time_to_first_step_seconds",
     "finetune_train_warmup_seconds",
     "finetune_eval_loss",

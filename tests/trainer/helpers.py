@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,22 @@ def scrape(port: int) -> str | None:
             return r.read().decode()
     except OSError:
         return None
+
+
+@contextlib.contextmanager
+def small_volume(path: Path, size: str) -> Iterator[Path]:
+    """A real size-limited filesystem at ``path`` (tmpfs of ``size``, e.g. "256k"), unmounted afterwards: writes
+    past its size fail with ENOSPC as on a full claim. Mounting needs root, which the test machines are; elsewhere
+    the test fails saying so (a disk-full test that silently did not run would prove nothing)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                           capture_output=True, text=True)  # fmt: skip
+    if mount.returncode != 0:
+        raise AssertionError(f"cannot mount a {size} tmpfs at {path} (root needed): {mount.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
 
 
 def read_json(path: Path) -> dict[str, Any]:

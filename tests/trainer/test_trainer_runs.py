@@ -15,7 +15,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart import metric_names as names
-from tests.trainer.helpers import TINY, Node, free_port, import_required, poll, read_json, scrape, tiny_config
+from tests.trainer.helpers import (
+    TINY,
+    Node,
+    free_port,
+    import_required,
+    poll,
+    read_json,
+    scrape,
+    small_volume,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.trainer
 
@@ -184,24 +194,105 @@ def test_kill_mid_run_then_resume_skips_partial_checkpoint(tmp_path: Path) -> No
     assert not partial.exists()
 
 
-def test_sigterm_saves_collectively_and_exits_143(tmp_path: Path) -> None:
+def test_sigterm_to_one_node_stops_every_node_with_143(tmp_path: Path) -> None:
+    """The kubelet SIGTERMs one pod (an eviction, a preemption): the ranks agree, save one checkpoint together, and
+    every launcher exits 143 (Terminated), not only the one that got the signal. The others' workers end by the
+    agreement, which torchrun would report as a plain failure: a training error if the operator read those pods
+    first."""
     out = tmp_path / "out"
     cfg = tiny_config(
         out,
         acceleration="none",
         training={"maxSteps": 400, "checkpointEverySteps": 1000, "extraArgs": {"logging_steps": 1}},
     )
-    node = Node(tmp_path, cfg)
-    poll(lambda: "'loss'" in node.log(), timeout=RUN_TIMEOUT, what="a logged training step", on_fail=node.log)
-    node.terminate()
-    rc = node.wait(RUN_TIMEOUT)
-    assert rc == 143, node.log()
-    assert node.termination()["reason"] == "Terminated"
+    port = free_port()
+    nodes = [Node(tmp_path, cfg, node_rank=r, nnodes=2, master_port=port) for r in (1, 0)]
+    rank1, rank0 = nodes
+    poll(lambda: "'loss'" in rank0.log(), timeout=RUN_TIMEOUT, what="a logged training step", on_fail=rank0.log)
+    rank1.terminate()
+    for node in nodes:
+        assert node.wait(RUN_TIMEOUT) == 143, node.log()
+        term = node.termination()
+        assert term is not None and term["reason"] == "Terminated", term
+    assert rank1.termination()["message"].startswith("stopped by SIGTERM (newest complete checkpoint: step ")
+    assert "after a SIGTERM to another pod" in rank0.termination()["message"]
     saved = complete_steps(out)
     assert len(saved) == 1 and 0 < saved[0] < 400, saved  # saved at the agreed step, not a periodic one
-    rank0 = read_json(out / "ranks" / "rank-0.json")
-    assert rank0["stopped_by_signal"] and rank0["step"] == saved[0]
+    for r in (0, 1):
+        rank = read_json(out / "ranks" / f"rank-{r}.json")
+        assert rank["stopped_by_signal"] and rank["step"] == saved[0], rank
     assert not (out / "result.json").exists()
+
+
+@pytest.mark.parametrize("phase", ["preflight", "shared cache"])
+def test_sigterm_before_training_exits_143_at_once(tmp_path: Path, phase: str) -> None:
+    """The launcher is the pod's PID 1 and can wait long before torchrun starts: for rank 0 to come up (preflight),
+    for node rank 0 to fill the shared cache. A gang restart's SIGTERM there ends it (143, Terminated, the phase
+    named) instead of leaving it to the grace period's SIGKILL."""
+    over: dict = {"preflight": {"timeoutSeconds": 3600}}
+    waiting = "preflight: waiting for"
+    if phase == "shared cache":  # a Hub model: node rank 1 waits for node rank 0's ready marker, which never comes
+        over["model"] = {"name": "tiny-org/tiny-bert", "path": None, "initFromConfig": False}
+        over["cache"] = {"path": str(tmp_path / "cache")}
+        waiting = "hfcache: waiting for node rank 0"
+    node = Node(tmp_path, tiny_config(tmp_path / "out", **over), node_rank=1, nnodes=2, master_port=free_port())
+    poll(lambda: waiting in node.log(), timeout=120, what=f"the launcher waiting in {phase}", on_fail=node.log)
+    node.terminate()
+    assert node.wait(timeout=60) == 143, node.log()
+    term = node.termination()
+    assert term == {"reason": "Terminated", "message": f"stopped by SIGTERM before training started (phase: {phase})"}
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    """Two nodes train with keepCheckpoints: 1, which keeps two complete checkpoints while the run goes on. Both are
+    killed and the newest checkpoint's optimizer state is cut in half (a save the volume lost). The next gang
+    resumes from the previous checkpoint, instead of failing the same load on every restart, reports the fallback,
+    and the damaged checkpoint is never complete again. (The second attempt ends before the damaged step, so nothing
+    writes that directory anew.)"""
+    out = tmp_path / "out"
+    cfg = tiny_config(
+        out, acceleration="none", training={"maxSteps": 200, "checkpointEverySteps": 5, "keepCheckpoints": 1}
+    )
+    port = free_port()
+    first = [Node(tmp_path, cfg, node_rank=r, nnodes=2, master_port=port) for r in (1, 0)]
+    poll(lambda: len(complete_steps(out)) >= 2, timeout=RUN_TIMEOUT, what="two complete checkpoints",
+         on_fail=first[1].log)  # fmt: skip
+    for node in first:
+        node.kill()
+    done = complete_steps(out)
+    assert len(done) == 2 and done[-1] < 200, done
+    previous, newest = done
+    optimizer = out / "checkpoints" / f"checkpoint-{newest}" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[: optimizer.stat().st_size // 2])
+
+    cfg["training"]["maxSteps"] = newest - 1
+    port = free_port()
+    second = [Node(tmp_path, cfg, node_rank=r, nnodes=2, master_port=port, attempt=1) for r in (1, 0)]
+    for node in second:
+        assert node.wait(RUN_TIMEOUT) == 0, node.log()
+    result = read_json(out / "result.json")
+    assert (result["resumed_from_step"], result["resume_fallbacks"]) == (previous, 1), result
+    assert result["steps"] == newest - 1
+    assert f"checkpoint-{newest} cannot be loaded (optimizer.pt: " in second[1].log_path.read_text()
+    assert not (out / "checkpoints" / f"checkpoint-{newest}").exists()
+    assert complete_steps(out) == [newest - 1]  # the run is over: keepCheckpoints 1 applies again
+
+
+@pytest.mark.parametrize("size", ["256k", "640k"], ids=["weights-do-not-fit", "optimizer-state-does-not-fit"])
+def test_a_full_output_volume_fails_with_73_output_full(tmp_path: Path, size: str) -> None:
+    """The output claim fills up during a checkpoint save (a real size-limited filesystem): exit 73 (OutputFull,
+    never retried) with the fix in the message, not exit 1 and gang restarts that would resume and fail at the same
+    save. safetensors reports the weights' ENOSPC; torch.save reports the optimizer's without any errno."""
+    with small_volume(tmp_path / "out", size) as out:
+        cfg = tiny_config(out, acceleration="none", training={"maxSteps": 10, "checkpointEverySteps": 5})
+        node = Node(tmp_path / "work", cfg)
+        rc = node.wait(RUN_TIMEOUT)
+    assert rc == 73, node.log()
+    term = node.termination()
+    assert term is not None and term["reason"] == "OutputFull", term
+    assert "spec.output" in term["message"] and "spec.training.keepCheckpoints" in term["message"], term
+    torch_save = "inline_container" in term["message"]  # torch's writer, as opposed to safetensors' ENOSPC
+    assert torch_save == (size == "640k"), term
 
 
 def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from finetune_trainer.errors import ConfigError, RendezvousTimeout, write_termin
 from finetune_trainer.launcher import classify_failure, read_error_file
 from finetune_trainer.preflight import wait_for_master
 
-from tests.trainer.helpers import TINY, deep_merge, tiny_config
+from tests.trainer.helpers import TINY, deep_merge, small_volume, tiny_config
 
 pytestmark = pytest.mark.trainer
 
@@ -216,6 +216,143 @@ def test_remove_incomplete(tmp_path: Path) -> None:
     assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [1]
 
 
+def test_retention_keeps_two_complete_checkpoints_until_the_run_ends(tmp_path: Path) -> None:
+    """keepCheckpoints: 1 must not leave a run with only a newest checkpoint nobody has loaded yet: if it proves
+    unloadable, the resume falls back to the one before. Once the run is over, keepCheckpoints applies exactly."""
+    for step in (1, 2, 3):
+        make_ckpt(tmp_path, step, True)
+    assert [c.step for c in checkpoints.apply_retention(str(tmp_path), keep=1)] == [1]
+    assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [2, 3]
+    assert [c.step for c in checkpoints.apply_retention(str(tmp_path), keep=1, finished=True)] == [2]
+    assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [3]
+
+
+def test_every_rank_fsyncs_its_checkpoint_files_before_the_marker(tmp_path: Path, monkeypatch) -> None:
+    """The libraries that write a checkpoint do not fsync; the marker must not reach the disk ahead of the files it
+    vouches for. A crash cannot be staged here, so the fsyncs are observed (the real os.fsync still runs)."""
+    import os
+    from types import SimpleNamespace
+
+    from finetune_trainer.callbacks import CheckpointCallback, StopFlag
+
+    ckpt = tmp_path / "checkpoint-7"
+    (ckpt / "pytorch_model_fsdp_0").mkdir(parents=True)
+    written = [ckpt / "model.safetensors", ckpt / "optimizer.pt", ckpt / "rng_state_1.pth",
+               ckpt / "pytorch_model_fsdp_0" / "__1_0.distcp"]  # fmt: skip
+    for path in written:
+        path.write_bytes(b"x" * 100)
+    synced: list[tuple[str, bool]] = []  # (path, marker there yet)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), (ckpt / checkpoints.MARKER).exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    callback = CheckpointCallback(StopFlag(), root=str(tmp_path), keep=2, metrics=None, control_group=None)
+    for is_rank_0 in (False, True):  # another rank's part of the save, then rank 0's
+        synced.clear()
+        callback.on_save(None, SimpleNamespace(global_step=7, is_world_process_zero=is_rank_0), None)
+        before_marker = {path for path, marked in synced if not marked}
+        expected = {str(p) for p in written} | {str(ckpt), str(ckpt / "pytorch_model_fsdp_0"), str(tmp_path)}
+        assert before_marker >= expected, expected - before_marker
+    assert checkpoints.latest_complete(str(tmp_path)) == checkpoints.Checkpoint(7, str(ckpt), True)
+
+
+def test_make_room_deletes_the_oldest_complete_checkpoints_never_the_newest(tmp_path: Path) -> None:
+    """On a nearly full volume (a real 1 MiB filesystem) the next save would not fit: the oldest complete
+    checkpoints go first, until the newest's size is free; the newest always stays, and so does a lone one."""
+    with small_volume(tmp_path / "vol", "1m") as root:
+        for step, size in ((1, 240_000), (2, 240_000), (3, 400_000)):  # the newest grew (a bigger model state)
+            (make_ckpt(root, step, True) / "model.safetensors").write_bytes(b"w" * size)
+        (root / "filler").write_bytes(b"f" * (checkpoints.free_bytes(str(root)) - 10_000))
+        assert [c.step for c in checkpoints.make_room(str(root))] == [1, 2]  # one alone would not free enough
+        assert [c.step for c in checkpoints.list_checkpoints(str(root))] == [3]
+        assert checkpoints.free_bytes(str(root)) >= checkpoints.size_of(str(root / "checkpoint-3"))
+
+        (root / "filler").unlink()
+        (root / "filler").write_bytes(b"f" * (checkpoints.free_bytes(str(root)) - 4096))
+        assert checkpoints.make_room(str(root)) == []  # only the newest: nothing may go
+        assert [c.step for c in checkpoints.list_checkpoints(str(root))] == [3]
+
+
+# --- resuming from a checkpoint that loads --------------------------------------------------------------------------
+
+
+def hf_like_checkpoint(root: Path, step: int) -> Path:
+    """A checkpoint with the files the Trainer reads on resume, written by the libraries that write them."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    path = make_ckpt(root, step, complete=False)
+    save_file({"w": torch.randn(64, 64)}, str(path / "model.safetensors"))
+    model = torch.nn.Linear(8, 8)
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optim.step()
+    torch.save(optim.state_dict(), path / "optimizer.pt")
+    torch.save(torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0).state_dict(), path / "scheduler.pt")
+    torch.save({"python": (3, (1, 2), None), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()},
+               path / "rng_state.pth")  # fmt: skip
+    torch.save({"an": object.__new__(checkpoints.Checkpoint)}, path / "training_args.bin")  # a pickled object
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    checkpoints.mark_complete(str(path), step)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("damage", "file"),
+    [("truncate", "model.safetensors"), ("truncate", "optimizer.pt"), ("zero-tail", "scheduler.pt"),
+     ("truncate", "trainer_state.json"), ("empty", "rng_state.pth")],
+)  # fmt: skip
+def test_a_damaged_checkpoint_file_is_found_before_resuming(tmp_path: Path, damage: str, file: str) -> None:
+    from finetune_trainer import resumption
+
+    path = hf_like_checkpoint(tmp_path, 10)
+    assert resumption.problem(str(path)) is None  # numpy RNG state and pickled arguments are not damage
+    target = path / file
+    data = target.read_bytes()
+    cut = {"truncate": data[: len(data) // 2], "zero-tail": data[:-64] + bytes(64), "empty": b""}[damage]
+    target.write_bytes(cut)
+    why = resumption.problem(str(path))
+    assert why is not None and why.startswith(f"{file}: "), why
+
+
+def test_a_cut_shard_of_a_sharded_checkpoint_is_found(tmp_path: Path) -> None:
+    """FSDP checkpoints are torch.distributed.checkpoint directories: every shard must hold what the metadata says."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from finetune_trainer import resumption
+
+    path = make_ckpt(tmp_path, 10, complete=False)
+    (path / "model.safetensors").unlink()  # sharded: no full weights
+    shard_dir = path / "pytorch_model_fsdp_0"
+    dcp.save({"model": {"w": torch.randn(128, 128)}}, storage_writer=dcp.FileSystemWriter(str(shard_dir)))
+    assert resumption.problem(str(path)) is None
+    (shard,) = shard_dir.glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:1000])
+    why = resumption.problem(str(path))
+    assert why is not None and why.startswith("pytorch_model_fsdp_0: "), why
+
+
+def test_rank_0_falls_back_past_unloadable_checkpoints_and_unmarks_them(tmp_path: Path) -> None:
+    from finetune_trainer import resumption
+
+    for step in (5, 10, 15):
+        hf_like_checkpoint(tmp_path, step)
+    for step in (10, 15):
+        optimizer = tmp_path / f"checkpoint-{step}" / "optimizer.pt"
+        optimizer.write_bytes(optimizer.read_bytes()[:100])
+    chosen, fallbacks = resumption.agree(str(tmp_path), rank=0, group=None)  # one process: no broadcast
+    assert (chosen, fallbacks) == (checkpoints.Checkpoint(5, str(tmp_path / "checkpoint-5"), True), 2)
+    assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [5]  # unmarked, then removed
+
+    optimizer = tmp_path / "checkpoint-5" / "optimizer.pt"
+    optimizer.write_bytes(b"")
+    assert resumption.agree(str(tmp_path), rank=0, group=None) == (None, 1)  # nothing loads: start from scratch
+
+
 # --- acceleration ---------------------------------------------------------------------------------------------------
 
 
@@ -411,6 +548,7 @@ def test_preflight_times_out_naming_the_address() -> None:
 
 def test_classify_failure() -> None:
     assert classify_failure("ConfigError: dataset.textField: nope") == (78, "dataset.textField: nope")
+    assert classify_failure("OutputFull: no space left") == (73, "no space left")
     assert (
         classify_failure("DistStoreError: Timed out after 300 seconds waiting for clients. 1/2 clients joined.")[0]
         == 75
@@ -476,3 +614,54 @@ def test_crashes_stay_crashes() -> None:
 
     assert classify(RuntimeError("NCCL watchdog: collective timed out")) is None
     assert classify(ValueError("loss is nan")) is None
+
+
+def test_a_full_volume_is_output_full_not_a_crash(tmp_path: Path) -> None:
+    """Real writes that fail for want of space: an OSError with errno ENOSPC (/dev/full), safetensors' error (it keeps
+    only the text), and torch.save's, which names no cause at all and counts only while the output volume is full."""
+    import torch
+    from finetune_trainer.diagnose import classify
+    from finetune_trainer.errors import OutputFull
+    from safetensors.torch import save_file
+
+    def write_dev_full() -> None:
+        with open("/dev/full", "wb", buffering=0) as f:
+            f.write(b"x")
+
+    with small_volume(tmp_path / "out", "64k") as out:
+        config = parse_config(tiny_config(out))
+        failures = []
+        for write in (
+            write_dev_full,
+            lambda: save_file({"w": torch.zeros(100_000)}, str(out / "model.safetensors")),
+            lambda: torch.save({"w": torch.zeros(100_000)}, out / "optimizer.pt"),
+        ):
+            with pytest.raises(Exception) as e:
+                write()
+            failures.append(e.value)
+        mapped = [classify(e, config) for e in failures]
+    assert all(isinstance(m, OutputFull) for m in mapped), mapped
+    assert "Errno 28" in str(mapped[0]) and "os error 28" in str(mapped[1]) and str(out) in str(mapped[2])
+    assert all("spec.output" in str(m) and "spec.training.keepCheckpoints" in str(m) for m in mapped), mapped
+    assert classify_failure(f"OutputFull: {mapped[2]}")[0] == 73
+    roomy = parse_config(tiny_config(tmp_path))
+    assert classify(failures[2], roomy) is None  # the same torch error with room on the volume: a crash
+    assert classify(OSError(5, "Input/output error")) is None
+
+
+def test_every_trainer_exit_code_means_the_same_to_the_operator() -> None:
+    """The exit-code contract (trainer-image/README.md) seen from both sides: the reason the trainer writes is the
+    reason the operator classifies the exit code as; OutputFull, like CUDAOutOfMemory, is never retried."""
+    from finetune_operator.failures import classify_pod
+    from finetune_trainer import errors
+
+    def failed_pod(code: int) -> dict[str, Any]:
+        state = {"terminated": {"exitCode": code, "message": json.dumps({"reason": "x", "message": "why"})}}
+        return {"metadata": {"name": "j-node-0"},
+                "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": state}]}}  # fmt: skip
+
+    for code, reason in errors.REASON_BY_EXIT.items():
+        failure = classify_pod(failed_pod(code))
+        assert failure is not None and failure.reason == reason, (code, failure)
+    full = classify_pod(failed_pod(errors.EXIT_OUTPUT_FULL))
+    assert full is not None and full.permanent and not full.disruption

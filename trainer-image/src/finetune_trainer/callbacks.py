@@ -42,7 +42,9 @@ class CheckpointCallback(TrainerCallback):
     """* At every step end, all ranks agree on "someone got SIGTERM" (an all-reduce MAX of one integer on a
       CPU/gloo group, so it never synchronises the GPU); when agreed, every rank saves and stops together. If a peer
       has died the all-reduce fails and nothing is saved.
-    * After each save, a barrier, then rank 0 writes the completion marker and applies retention.
+    * Before each save, rank 0 makes room on a nearly full volume (:func:`checkpoints.make_room`).
+    * After each save, every rank fsyncs the checkpoint directory, a barrier, then rank 0 writes the completion
+      marker and applies retention.
     """
 
     def __init__(
@@ -73,12 +75,16 @@ class CheckpointCallback(TrainerCallback):
             control.should_training_stop = True
         if control.should_save:
             self._save_started = time.perf_counter()
+            if state.is_world_process_zero:
+                for c in checkpoints.make_room(self.root):
+                    log.warning("the output volume is nearly full: removed %s to make room for the next save", c.path)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        path = os.path.join(self.root, f"checkpoint-{state.global_step}")
+        checkpoints.sync_tree(path)  # this rank's files are on disk before rank 0 may vouch for them
         dist = _dist()
         if dist is not None:
             dist.barrier(group=self.group)
-        path = os.path.join(self.root, f"checkpoint-{state.global_step}")
         if state.is_world_process_zero:
             checkpoints.mark_complete(path, state.global_step)
             removed = checkpoints.apply_retention(self.root, self.keep)

@@ -3,25 +3,39 @@
 A worker's exception is mapped (:func:`classify`) to the exception whose name the launcher turns into an exit code:
 :class:`ConfigError` (exit 78: a model type this image does not know, a Hub repository or revision that does not
 exist or that the token cannot read, anything missing while the Hub is offline, a ``report_to`` integration whose
-package the image lacks) or :class:`CUDAOutOfMemory` (exit 77, with the settings that lower memory). Everything
-else stays a crash (exit 1, retried by a gang restart).
+package the image lacks), :class:`CUDAOutOfMemory` (exit 77, with the settings that lower memory) or
+:class:`OutputFull` (exit 73: no space left, or the quota spent, while writing a checkpoint or the model; the restart
+would resume and fail at the same save). Everything else stays a crash (exit 1, retried by a gang restart).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterator
 from typing import Any
 
+from finetune_trainer import checkpoints
 from finetune_trainer.config import Config
-from finetune_trainer.errors import ConfigError, CUDAOutOfMemory
+from finetune_trainer.errors import ConfigError, CUDAOutOfMemory, OutputFull
 
 OOM_FIX = (
     "lower spec.training.perDeviceBatchSize (raise gradientAccumulationSteps to keep the effective batch) or "
     "maxSeqLength, set training.activationCheckpointing: true, train LoRA or QLoRA adapters instead of every "
     "weight, or shard the model over more GPUs with training.sharding: fsdp"
 )
+OUTPUT_FULL_FIX = (
+    "enlarge the output claim (spec.output: the claimName's claim, or the storage request of "
+    "volumeClaimTemplate) or keep fewer checkpoints (spec.training.keepCheckpoints)"
+)
+FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+# A full volume where no errno survives: safetensors' Rust I/O error ("No space left on device (os error 28)").
+FULL_TEXT = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+# torch.save reports a failed write without the cause ("[enforce fail at inline_container.cc:…] unexpected pos …",
+# "PytorchStreamWriter failed writing file …"): a full volume only when the output volume is (nearly) full now.
+TORCH_WRITE_FAILED = ("inline_container.cc", "PytorchStreamWriter")
+NEARLY_FULL_BYTES = 16 * 2**20
 HUB_NOT_FOUND = {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError", "EntryNotFoundError"}
 _INTEGRATION = re.compile(r"(\w+)Callback requires (\S+) to be installed")
 
@@ -47,6 +61,32 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
 
 
+def _nearly_full(path: str) -> bool:
+    try:
+        return checkpoints.free_bytes(path) < NEARLY_FULL_BYTES
+    except OSError:
+        return False
+
+
+def output_full(chain: list[BaseException], config: Config | None) -> OutputFull | None:
+    """:class:`OutputFull` when ``chain`` is a write that failed for want of space or quota, else None."""
+    for e in chain:
+        if (isinstance(e, OSError) and e.errno in FULL_ERRNOS) or any(t in str(e) for t in FULL_TEXT):
+            where = f" writing {e.filename}" if isinstance(e, OSError) and e.filename else ""
+            return OutputFull(
+                f"no space left on the volume{where} ({_first_line(e)}); a restart would fail at the same save: "
+                f"{OUTPUT_FULL_FIX}"
+            )
+    if config is not None and _nearly_full(config.output_path):
+        for e in chain:
+            if any(t in str(e) for t in TORCH_WRITE_FAILED):
+                return OutputFull(
+                    f"a write failed ({_first_line(e)}) with less than {NEARLY_FULL_BYTES // 2**20} MiB left on the "
+                    f"output volume {config.output_path}; a restart would fail at the same save: {OUTPUT_FULL_FIX}"
+                )
+    return None
+
+
 def classify(exc: BaseException, config: Config | None = None) -> Exception | None:
     """The deterministic failure ``exc`` stands for, or None for a crash."""
     chain = list(_chain(exc))
@@ -54,6 +94,9 @@ def classify(exc: BaseException, config: Config | None = None) -> Exception | No
         name = type(e).__name__
         if name == "OutOfMemoryError" or "CUDA out of memory" in str(e):
             return CUDAOutOfMemory(f"the GPU ran out of memory ({_first_line(e)}); {OOM_FIX}")
+    full = output_full(chain, config)
+    if full is not None:
+        return full
     for e in chain:
         name, text = type(e).__name__, str(e)
         if name in HUB_NOT_FOUND:

@@ -8,6 +8,7 @@ from typing import Final
 
 EXIT_OK: Final = 0
 EXIT_TRAINING_ERROR: Final = 1
+EXIT_OUTPUT_FULL: Final = 73  # EX_CANTCREAT: the output volume is full; the next attempt would hit the same save
 EXIT_EXPORT_FAILED: Final = 74  # EX_IOERR: trained, but pushing the model out failed (the model is on the claim)
 EXIT_RENDEZVOUS_TIMEOUT: Final = 75  # EX_TEMPFAIL
 EXIT_CUDA_OOM: Final = 77  # the GPU ran out of memory: deterministic for the settings, so not retried
@@ -20,6 +21,7 @@ REASON_TRAINING: Final = "TrainingError"
 REASON_TERMINATED: Final = "Terminated"
 REASON_EXPORT: Final = "ExportFailed"
 REASON_CUDA_OOM: Final = "CUDAOutOfMemory"
+REASON_OUTPUT_FULL: Final = "OutputFull"
 
 REASON_BY_EXIT: Final = {
     EXIT_TRAINING_ERROR: REASON_TRAINING,
@@ -28,6 +30,7 @@ REASON_BY_EXIT: Final = {
     EXIT_TERMINATED: REASON_TERMINATED,
     EXIT_EXPORT_FAILED: REASON_EXPORT,
     EXIT_CUDA_OOM: REASON_CUDA_OOM,
+    EXIT_OUTPUT_FULL: REASON_OUTPUT_FULL,
 }
 
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
@@ -36,6 +39,7 @@ MAX_MESSAGE_CHARS: Final = 3000
 # A worker's ConfigError travels through torchelastic's error file with this prefix.
 CONFIG_ERROR_PREFIX: Final = "ConfigError: "
 CUDA_OOM_PREFIX: Final = "CUDAOutOfMemory: "
+OUTPUT_FULL_PREFIX: Final = "OutputFull: "
 
 
 class ConfigError(Exception):
@@ -52,6 +56,11 @@ class ConfigError(Exception):
 
 class CUDAOutOfMemory(Exception):
     """The GPU ran out of memory (exit 77): the message says which settings to change."""
+
+
+class OutputFull(Exception):
+    """The output volume ran out of space (or quota) while writing (exit 73): a gang restart would resume and fail
+    at the same save, so the message tells the user to enlarge the claim or keep fewer checkpoints."""
 
 
 class RendezvousTimeout(Exception):

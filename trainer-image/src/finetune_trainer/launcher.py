@@ -10,7 +10,12 @@
 
 Exit codes: 0 success; 78 configuration or data error (never retried: also a Hub model or dataset that does not
 exist or cannot be read); 75 rendezvous/preflight timeout (also: node rank 0's cache fill did not finish in time);
-143 stopped by SIGTERM (after a collective checkpoint when possible); 1 anything else (training crash).
+77 CUDA out of memory; 74 the export failed; 73 the output volume is full; 143 stopped by SIGTERM (before
+training: at once; during training: after a collective checkpoint when possible, on every node whose workers
+stopped by the ranks' agreement); 1 anything else (training crash).
+
+The SIGTERM handler is installed first: the launcher is the container's PID 1, which receives only the signals it
+handles, so without one a gang restart during a model download or the preflight would wait out the grace period.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from finetune_trainer import errors, hfcache
 from finetune_trainer.config import Config, load_config
@@ -197,24 +202,43 @@ def classify_failure(message: str) -> tuple[int, str]:
         return errors.EXIT_CONFIG_ERROR, message[len(errors.CONFIG_ERROR_PREFIX) :]
     if message.startswith(errors.CUDA_OOM_PREFIX):
         return errors.EXIT_CUDA_OOM, message[len(errors.CUDA_OOM_PREFIX) :]
+    if message.startswith(errors.OUTPUT_FULL_PREFIX):
+        return errors.EXIT_OUTPUT_FULL, message[len(errors.OUTPUT_FULL_PREFIX) :]
     if any(marker in message for marker in _RENDEZVOUS_MARKERS):
         return errors.EXIT_RENDEZVOUS_TIMEOUT, message
     return errors.EXIT_TRAINING_ERROR, message or "a training worker failed; see the pod log"
 
 
 class _Forwarder:
-    """On SIGTERM/SIGINT, signal the workers directly (they agree on a checkpoint and stop together); torchrun
-    itself would give them only 30 s before SIGKILL. Before workers exist, signal torchrun."""
+    """SIGTERM/SIGINT for the launcher's whole life.
+
+    Before torchrun (``phase``: validation, the shared cache, the preflight) there is nothing to save, so the
+    launcher ends at once with 143 (:func:`_stop_before_training`). Once torchrun is being started (``phase`` None)
+    the signal goes to the workers directly (they agree on a checkpoint and stop together; torchrun itself would give
+    them only 30 s before SIGKILL), or to torchrun while it has no workers yet. A signal that lands while torchrun is
+    being started is forwarded by :meth:`forward_pending` as soon as the process exists."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.phase: str | None = "validation"
         self.signalled = False
+        self._forwarded = False
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.signalled = True
+        if self.phase is not None:
+            _stop_before_training(signum, self.phase)
+        self._forward()
+
+    def forward_pending(self) -> None:
+        if self.signalled:
+            self._forward()
+
+    def _forward(self) -> None:
         proc = self.proc
-        if proc is None or proc.poll() is not None:
+        if proc is None or proc.poll() is not None or self._forwarded:
             return
+        self._forwarded = True
         try:
             import psutil
 
@@ -229,6 +253,16 @@ class _Forwarder:
             proc.send_signal(signal.SIGTERM)
 
 
+def _stop_before_training(signum: int, phase: str) -> NoReturn:
+    """Exit 143 now, from the signal handler. Nothing is saved before training, and unwinding would not be prompt:
+    an exception raised into a Hub download waits in the download's thread pool until every file is fetched."""
+    message = f"stopped by {signal.Signals(signum).name} before training started (phase: {phase})"
+    errors.write_termination_log(errors.REASON_TERMINATED, message)
+    with contextlib.suppress(OSError):
+        os.write(2, f"finetune-trainer: {errors.REASON_TERMINATED}: {message}\n".encode())
+    os._exit(errors.EXIT_TERMINATED)
+
+
 def _fail(code: int, message: str) -> int:
     reason = errors.REASON_BY_EXIT.get(code, errors.REASON_TRAINING)
     print(f"finetune-trainer: {reason}: {message}", file=sys.stderr, flush=True)
@@ -237,6 +271,9 @@ def _fail(code: int, message: str) -> int:
 
 
 def run() -> int:
+    forwarder = _Forwarder()
+    signal.signal(signal.SIGTERM, forwarder)
+    signal.signal(signal.SIGINT, forwarder)
     launch_time = time.time()
     original_env = dict(os.environ)
     # Accelerate treats WORLD_SIZE > 1 as "this process is distributed": the launcher is not.
@@ -255,6 +292,7 @@ def run() -> int:
     except ConfigError as e:
         return _fail(errors.EXIT_CONFIG_ERROR, str(e))
 
+    forwarder.phase = "shared cache"
     try:
         hfcache.prepare(config, run_env)
     except ConfigError as e:
@@ -264,23 +302,26 @@ def run() -> int:
     except hfcache.HubUnavailable as e:
         return _fail(errors.EXIT_TRAINING_ERROR, str(e))
 
+    forwarder.phase = "preflight"
     try:
         waited = preflight(config, run_env)
         log.info("preflight: rank 0 at %s:%s reachable after %.1fs", run_env.master_addr, run_env.master_port, waited)
     except RendezvousTimeout as e:
         return _fail(errors.EXIT_RENDEZVOUS_TIMEOUT, str(e))
 
-    forwarder = _Forwarder()
-    signal.signal(signal.SIGTERM, forwarder)
-    signal.signal(signal.SIGINT, forwarder)
     with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
         error_file = os.path.join(tmp, "error.json")
+        stop_file = os.path.join(tmp, "stopped")
         cmd = torchrun_command(config)
         log.info("starting: %s", " ".join(cmd))
         env = worker_env(run_env, launch_time, error_file, cache_path=config.cache_path)
+        env["FINETUNE_STOP_FILE"] = stop_file
+        forwarder.phase = None
         forwarder.proc = subprocess.Popen(cmd, env=env)
+        forwarder.forward_pending()
         rc = forwarder.proc.wait()
         message = read_error_file(error_file)
+        stopped_together = os.path.exists(stop_file)
 
     if rc == 0:
         if run_env.node_rank != 0:
@@ -292,12 +333,13 @@ def run() -> int:
         except export.ExportError as e:
             return _fail(errors.EXIT_EXPORT_FAILED, str(e))
         return 0
-    if forwarder.signalled:
+    if forwarder.signalled or (stopped_together and not message):
         from finetune_trainer.checkpoints import latest_complete
 
         ckpt = latest_complete(config.checkpoints_dir)
         where = f"newest complete checkpoint: step {ckpt.step}" if ckpt else "no complete checkpoint yet"
-        return _fail(errors.EXIT_TERMINATED, f"stopped by SIGTERM ({where})")
+        why = "by SIGTERM" if forwarder.signalled else "with every rank after a SIGTERM to another pod"
+        return _fail(errors.EXIT_TERMINATED, f"stopped {why} ({where})")
     code, text = classify_failure(message)
     return _fail(code, text)
 

@@ -106,6 +106,10 @@ class TrainerMetrics:
         )
         self.mfu = gauge("finetune_train_mfu", "Model FLOPs utilisation (0-1; NaN on CPU or unknown GPUs)")
         self.checkpoint_last_step = gauge("finetune_checkpoint_last_step", "Step of the newest complete checkpoint")
+        self.checkpoint_resume_fallbacks = gauge(
+            "finetune_checkpoint_resume_fallbacks",
+            "Newer complete checkpoints this attempt found unloadable and skipped before resuming",
+        )
         self.checkpoint_save_duration = histogram(
             "finetune_checkpoint_save_duration_seconds",
             "Wall time of one checkpoint save, including the completion barrier",

@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnose, evaluation, sharding
+from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnose, evaluation, resumption, sharding
 from finetune_trainer.callbacks import CheckpointCallback, StopFlag
 from finetune_trainer.config import Config, load_config
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
@@ -312,6 +312,16 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def record_agreed_stop(step: int) -> None:
+    """Tell this node's launcher that the workers stopped by the ranks' agreement (``FINETUNE_STOP_FILE``, in the
+    launcher's temp dir). torchrun reports a worker's exit 143 as its own exit 1 and no error file, so without this
+    only the launcher that got SIGTERM itself would exit 143; the others would read as training errors."""
+    path = os.environ.get("FINETUNE_STOP_FILE")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"stopped by agreement at step {step}\n")
+
+
 def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -> int:
     import torch
     import torch.distributed as dist
@@ -343,13 +353,10 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     if ident.local_rank == 0:
         metrics.serve(config.metrics_port)
 
-    # Start from a clean slate: partial checkpoints (no marker) are dropped by rank 0 before anyone looks.
-    if ident.rank == 0:
-        for c in checkpoints.remove_incomplete(config.checkpoints_dir):
-            log.warning("removed partial checkpoint %s (no %s marker)", c.path, checkpoints.MARKER)
-    if dist.is_initialized():
-        dist.barrier(group=control_group)
-    resume = checkpoints.latest_complete(config.checkpoints_dir)
+    # Rank 0 picks the newest checkpoint that loads (unloadable ones are unmarked, partial ones removed) and every
+    # rank resumes from that one, whatever its own view of the volume.
+    resume, resume_fallbacks = resumption.agree(config.checkpoints_dir, rank=ident.rank, group=control_group)
+    metrics.checkpoint_resume_fallbacks.set(resume_fallbacks)
     if resume is not None:
         metrics.checkpoint_last_step.set(resume.step)
         log.info("resuming from %s", resume.path)
@@ -479,6 +486,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     )
     if stop.agreed:
         log.warning("stopped on SIGTERM at step %d after saving a checkpoint", state.global_step)
+        record_agreed_stop(state.global_step)
         return EXIT_TERMINATED
 
     model_result = save_final_model(
@@ -492,6 +500,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         precision=precision,
     )
     if ident.rank == 0:
+        for c in checkpoints.apply_retention(config.checkpoints_dir, config.training.keep_checkpoints, finished=True):
+            log.info("retention: removed %s (the run is over)", c.path)
         resumed_from = resume.step if resume else 0
         steps_run = state.global_step - resumed_from
         samples_per_s, tokens_per_s = metrics_cb.steady_rates()  # this node's; every node runs the same batches
@@ -515,6 +525,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                 "warmup_seconds": metrics_cb.first_step_seconds,
                 "startup": {k: round(v, 3) for k, v in phases.items()},
                 "resumed_from_step": resumed_from,
+                "resume_fallbacks": resume_fallbacks,
                 "acceleration": kind,
                 "acceleration_requested": config.acceleration,
                 "acceleration_reason": why,
