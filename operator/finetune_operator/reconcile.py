@@ -347,12 +347,19 @@ def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
     if not restarted or st.progress is None:
         return
     lost = steps_lost(st.progress)
-    st.progress = replace(st.progress, steps_lost_to_restarts=(st.progress.steps_lost_to_restarts or 0) + lost)
     global_batch = spec.training.per_device_batch_size * spec.world_size * spec.training.gradient_accumulation_steps
     steps_per_second = (st.progress.samples_per_second or 0) / max(1, global_batch)
     if lost and steps_per_second > 0:
         st.gpu_seconds_lost = round((st.gpu_seconds_lost or 0) + attempt_gpu_seconds(
             seconds=lost / steps_per_second, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes), 3)
+    # The next attempt starts from the newest checkpoint: until its rank 0 reports, the job stands there (and a second
+    # restart before that report loses nothing more), with no rate or ETA.
+    resume = st.progress.last_checkpoint_step or 0
+    total = st.progress.total_steps
+    st.progress = replace(st.progress, steps_lost_to_restarts=(st.progress.steps_lost_to_restarts or 0) + lost,
+                          step=resume, step_of_total=f"{resume}/{total}" if total else None,
+                          samples_per_second=None, tokens_per_second=None, eta_seconds=None, eta=None,
+                          update_time=p.now)
 
 
 def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: Failure) -> None:

@@ -306,6 +306,12 @@ def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
     assert plan.status.gpu_seconds_used == 60 * 4 * 2  # one minute on 2 nodes x 4 GPUs
     # 64 samples/s over a global batch of 8 x 8 processes = 1 step/s: 30 lost steps = 30 s on 8 GPUs.
     assert plan.status.gpu_seconds_lost == 30 * 8
+    # the job now stands at its checkpoint: a second restart before attempt 1 reports loses nothing more
+    assert (plan.status.progress.step, plan.status.progress.samples_per_second) == (100, None)
+    restarted = plan.status.to_wire()
+    restarted.update(attemptStartTime=ts(NOW), state="Running")
+    again = decided(job(restarted, **spec), [running(0, attempt=1), running(1, attempt=1, phase="Failed", code=1)])
+    assert again.status.progress.steps_lost_to_restarts == 30 and again.status.restarts == 2
 
 
 def test_progress_is_merged_only_while_running_and_idle_scrapes_write_nothing() -> None:
