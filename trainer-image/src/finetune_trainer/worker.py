@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -322,6 +323,21 @@ def record_agreed_stop(step: int) -> None:
             f.write(f"stopped by agreement at step {step}\n")
 
 
+DDP_TIMEOUT_DEFAULT = 1800  # TrainingArguments.ddp_timeout's default
+
+
+def init_cpu_process_group(timeout_seconds: int) -> None:
+    """On CPU, form the gloo process group with ``ddp_timeout`` before transformers does: its CPU path
+    (``use_cpu``) forms the group without it, with gloo's 30-minute default, so a frozen or cut-off peer would block
+    every collective (a DDP gradient all-reduce, the SIGTERM agreement) for half an hour instead of failing the rank
+    and restarting the gang. Accelerate reuses a group that exists. One process (no torchrun world): nothing to do."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_seconds))
+        log.info("process group: gloo, collectives time out after %ss (ddp_timeout)", timeout_seconds)
+
+
 def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -> int:
     import torch
     import torch.distributed as dist
@@ -337,6 +353,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     )
     if config.training.sharding == "fsdp" and not cuda:
         sharding.enable_on_cpu()
+    if not cuda:  # before the arguments: building them may already form the group
+        init_cpu_process_group(int(config.training.extra_args.get("ddp_timeout", DDP_TIMEOUT_DEFAULT)))
     args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
     _ = args.device  # forms the process group (torchrun env) now, so the rendezvous time is measurable
     rendezvous_s = time.time() - launch_time
