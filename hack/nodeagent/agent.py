@@ -23,7 +23,7 @@ import psutil
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from hack.nodeagent.network import Bridge, PodNetwork
+from hack.nodeagent.network import Bridge, PodNetwork, ip
 
 log = logging.getLogger("nodeagent")
 
@@ -704,6 +704,14 @@ class NodeAgent:
     def hide_host(self, namespace: str, pod: str, hostname: str) -> None:
         """Test hook: ``pod``'s hosts file never lists ``hostname`` (the name does not resolve from that pod)."""
         self._hidden.setdefault((namespace, pod), set()).add(hostname)
+
+    def partition(self, namespace: str, pod: str) -> None:
+        """Test hook: cut ``pod`` off the network (its eth0 down): its peers' connections to it hang until their
+        timeouts, as across a network partition. A new pod of the same name gets a new, working network."""
+        run = self.run_of(namespace, pod)
+        if run is None or run.net is None:
+            raise RuntimeError(f"{namespace}/{pod} is not running with a network of its own")
+        ip("-n", run.net.netns, "link", "set", "eth0", "down")
 
     def run_of(self, namespace: str, pod: str) -> PodRun | None:
         with self._lock:

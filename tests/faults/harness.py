@@ -141,11 +141,12 @@ class ScriptedKubelet(threading.Thread):
 KILLS_PER_ROUND = 25  # a fresh set of jobs every round, so that kills keep landing on jobs mid-lifecycle
 
 
-def check_round(jobs: Jobs, seen: Observed, finals: dict[str, dict[str, Any]], r: int) -> dict[str, Any]:
+def check_round(jobs: Jobs, seen: Observed, finals: dict[str, dict[str, Any]], r: int,
+                scripts: tuple[Script, ...] | list[Script] = SCRIPTS) -> dict[str, Any]:
     """Every job of round ``r`` (named ``<script>-<r>``) against its script: final state, counters and reason, one
     attempt label per attempt, each rank created once per attempt, at most 3 events per attempt. Empty: all held."""
     wrong: dict[str, Any] = {}
-    for s in SCRIPTS:
+    for s in scripts:
         name, st = f"{s.name}-{r}", finals[f"{s.name}-{r}"]
         got = (st["state"], st.get("restarts"), st.get("disruptions"), st["conditions"][-1]["reason"]
                if s.state == "Succeeded" else st["failure"]["reason"])

@@ -24,7 +24,8 @@ def _now() -> str:
 
 class GpuNodes:
     """``count`` nodes ``<prefix>-<i>`` with ``gpus`` each. While started, pods bound to them become Running
-    (with an IP), and a deleted pod exits 143 (SIGTERM) and has its deletion completed, as a kubelet would."""
+    (with an IP), and a deleted pod exits 143 (SIGTERM) and has its deletion completed, as a kubelet would; except on
+    a node in ``lost`` (no kubelet any more) or ``hung`` (deletions never finish)."""
 
     def __init__(self, api: client.ApiClient, prefix: str, *, count: int, gpus: int = 8, taint: bool = True) -> None:
         self.core = client.CoreV1Api(api)
@@ -33,6 +34,8 @@ class GpuNodes:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.hold_running: set[str] = set()  # pod names left Pending even when bound (tests that need it)
+        self.lost: set[str] = set()  # nodes whose kubelet is gone: nothing on them changes any more
+        self.hung: set[str] = set()  # nodes still Ready whose kubelet does not finish deletions (a hung unmount)
 
     def start(self) -> GpuNodes:
         for i, name in enumerate(self.names):
@@ -81,6 +84,8 @@ class GpuNodes:
     def _loop(self) -> None:
         while not self._stop.wait(0.3):
             for node in self.names:
+                if node in self.lost:
+                    continue
                 try:
                     for pod in self.pods_on(node):
                         self._step(pod, node)
@@ -90,6 +95,8 @@ class GpuNodes:
     def _step(self, pod: Any, node: str) -> None:
         name, ns = pod.metadata.name, pod.metadata.namespace
         if pod.metadata.deletion_timestamp:
+            if node in self.hung:
+                return
             if pod.status.phase not in ("Succeeded", "Failed"):  # SIGTERM: the trainer checkpoints and exits 143
                 term = {"exitCode": 143, "reason": "Error", "startedAt": _now(), "finishedAt": _now()}
                 self.core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Failed", "containerStatuses": [
@@ -104,3 +111,11 @@ class GpuNodes:
                 "startTime": _now(), "conditions": [{"type": "Ready", "status": "True"}],
                 "containerStatuses": [{"name": "trainer", "ready": True, "restartCount": 0, "image": "trainer:test",
                                        "imageID": "", "state": {"running": {"startedAt": _now()}}}]}})
+
+
+def set_ready(core: client.CoreV1Api, node: str, status: str) -> None:
+    """The node's Ready condition, as the node lifecycle controller writes it when the kubelet stops reporting
+    (Unknown) or the kubelet itself (True, False)."""
+    core.patch_node_status(node, {"status": {"conditions": [
+        {"type": "Ready", "status": status, "reason": "NodeStatusUnknown" if status == "Unknown" else "KubeletReady",
+         "message": "set by the test", "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})

@@ -314,6 +314,16 @@ def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
     assert again.status.progress.steps_lost_to_restarts == 30 and again.status.restarts == 2
 
 
+def test_a_disrupted_rank_already_gone_is_not_blamed_on_its_peers() -> None:
+    """Rank 1 was evicted and its pod is gone before the operator looked (the operator was restarting); rank 0's
+    workers stopped by the ranks' SIGTERM agreement, so its launcher exited 143 too. The restart is a disruption
+    whoever is looked at, never a counted TrainingError (with maxRestarts 0 that would fail the job)."""
+    plan = decided(job(STARTED, nodes=2, maxRestarts=0), [running(0, phase="Failed", code=143)])
+    assert (plan.status.restarts or 0, plan.status.disruptions) == (0, 1), plan.status
+    assert plan.status.failure is not None and plan.status.failure.reason == "Terminated"
+    assert plan.status.state == "Restarting"
+
+
 def test_progress_is_merged_only_while_running_and_idle_scrapes_write_nothing() -> None:
     st = dict(STARTED)
     scraped = Progress(step=5, total_steps=10, step_of_total="5/10")
