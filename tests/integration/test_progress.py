@@ -53,6 +53,12 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         # The next step moves the status along.
         m.step.set(9)  # type: ignore[attr-defined]
         wait_for(lambda: jobs.status("prog")["progress"]["step"] == 9, timeout=30, what="step 9 in status")
+        # Every rank exits 0 before rank 0 is scraped again: the finished job shows its last step, not step 9.
+        for r in (0, 1):
+            kubelet.exit(f"prog-node-{r}", 0)
+        jobs.wait_state("prog", "Succeeded")
+        row = cluster.run_kubectl("get", "ftj", "prog", "-n", namespace, "-o", "wide").splitlines()[1].split()
+        assert row[1] == "Succeeded" and row[5] == "20/20" and row[7] == "0s", row
     finally:
         op.stop()
 

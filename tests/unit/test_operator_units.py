@@ -286,14 +286,14 @@ def test_progress_from_the_trainers_real_metrics_page() -> None:
     m.total_steps.set(300)
     m.epoch.set(0.4)
     m.loss.set(0.6931)
-    m.samples_per_second.set(50.0)
+    m.samples_per_second.set(50.04321)  # whole-job rates are reported to a tenth
     m.tokens_per_second.set(6400.0)
     m.eta.set(3725)
     m.checkpoint_last_step.set(100)
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)
     assert p is not None and p.to_wire() == {  # mfu is NaN on CPU: left out
         "step": 120, "totalSteps": 300, "stepOfTotal": "120/300", "epoch": 0.4, "loss": 0.6931,
-        "samplesPerSecond": 100.0, "tokensPerSecond": 12800.0, "etaSeconds": 3725, "eta": "1h2m",
+        "samplesPerSecond": 100.1, "tokensPerSecond": 12800.0, "etaSeconds": 3725, "eta": "1h2m",
         "lastCheckpointStep": 100}
 
 
@@ -312,6 +312,17 @@ def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
     restarted.update(attemptStartTime=ts(NOW), state="Running")
     again = decided(job(restarted, **spec), [running(0, attempt=1), running(1, attempt=1, phase="Failed", code=1)])
     assert again.status.progress.steps_lost_to_restarts == 30 and again.status.restarts == 2
+
+
+def test_a_succeeded_job_shows_its_last_step_not_the_last_scrape() -> None:
+    """Rank 0's last scrape saw step 112 of 150; then every rank exited 0. The status (and the Step column) says
+    150/150 with no time left, not 112/150."""
+    st = dict(STARTED, progress={"step": 112, "totalSteps": 150, "stepOfTotal": "112/150", "etaSeconds": 9,
+                                 "eta": "9s", "samplesPerSecond": 2702.2})
+    plan = decided(job(st, nodes=2), [running(r, phase="Succeeded", code=0) for r in (0, 1)])
+    assert plan.status.state == "Succeeded"
+    p = plan.status.progress
+    assert (p.step, p.step_of_total, p.eta_seconds, p.eta) == (150, "150/150", 0, "0s")
 
 
 def test_a_disrupted_rank_already_gone_is_not_blamed_on_its_peers() -> None:
