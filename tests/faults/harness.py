@@ -10,6 +10,7 @@ import contextlib
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +137,14 @@ class ScriptedKubelet(threading.Thread):
             elif outcome == "ok":
                 self.kubelet.exit(name, 0)
             # the other ranks of a failing attempt keep running until the operator deletes them
+
+
+def writes_after_settling(jobs: Jobs, names: Iterable[str], seconds: float = 4.0) -> int:
+    """How many of the settled jobs ``names`` are written again within ``seconds`` (must be none: a restarted or
+    retrying operator leaves a settled job alone)."""
+    before = {n: jobs.get(n)["metadata"]["resourceVersion"] for n in names}
+    time.sleep(seconds)
+    return sum(jobs.get(n)["metadata"]["resourceVersion"] != v for n, v in before.items())
 
 
 KILLS_PER_ROUND = 25  # a fresh set of jobs every round, so that kills keep landing on jobs mid-lifecycle

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.apiproxy import FaultProxy, upstream_of
-from tests.faults.harness import SCRIPTS, Observed, PodWatch, ScriptedKubelet, check_round
+from tests.faults.harness import SCRIPTS, Observed, PodWatch, ScriptedKubelet, check_round, writes_after_settling
 from tests.integration.harness import Jobs, OperatorProcess, make_job
 
 pytestmark = pytest.mark.faults
@@ -48,9 +48,7 @@ def test_api_errors_and_cut_watches(cluster, api_client, namespace, tmp_path) ->
                 jobs.create(make_job(f"{s.name}-{r}").nodes(s.nodes).max_restarts(s.max_restarts).build())
             finals = {f"{s.name}-{r}": jobs.wait_state(f"{s.name}-{r}", s.state, timeout=240) for s in SCRIPTS}
             settle.append(time.monotonic() - started)
-            before = {n: jobs.get(n)["metadata"]["resourceVersion"] for n in finals}
-            time.sleep(4)
-            quiet_writes += sum(jobs.get(n)["metadata"]["resourceVersion"] != v for n, v in before.items())
+            quiet_writes += writes_after_settling(jobs, finals)
             wrong |= check_round(jobs, seen, finals, r)
         alive = op.proc is not None and op.proc.poll() is None
     finally:

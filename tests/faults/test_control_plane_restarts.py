@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client, config
 
 from hack.localcluster.cluster import LocalCluster
-from tests.faults.harness import SCRIPTS, Observed, PodWatch, ScriptedKubelet, check_round
+from tests.faults.harness import SCRIPTS, Observed, PodWatch, ScriptedKubelet, check_round, writes_after_settling
 from tests.integration.harness import Jobs, OperatorProcess, make_job
 
 pytestmark = pytest.mark.faults
@@ -71,9 +71,7 @@ def test_control_plane_restarts(own_cluster: tuple[LocalCluster, Any]) -> None:
                 outages.setdefault(component, []).append(round(local.restart(component), 2))
                 assert op.proc is not None and op.proc.poll() is None, "the operator exited:\n" + op.output()[-3000:]
         finals = {f"{s.name}-0": jobs.wait_state(f"{s.name}-0", s.state, timeout=240) for s in SCRIPTS}
-        before = {n: jobs.get(n)["metadata"]["resourceVersion"] for n in finals}
-        time.sleep(4)
-        quiet_writes = sum(jobs.get(n)["metadata"]["resourceVersion"] != v for n, v in before.items())
+        quiet_writes = writes_after_settling(jobs, finals)
         wrong = check_round(jobs, seen, finals, 0)
         alive = op.proc is not None and op.proc.poll() is None
     finally:

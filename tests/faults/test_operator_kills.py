@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import KILLS_PER_ROUND, SCRIPTS, Observed, PodWatch, ScriptedKubelet, check_round
+from tests.faults.harness import (
+    KILLS_PER_ROUND,
+    SCRIPTS,
+    Observed,
+    PodWatch,
+    ScriptedKubelet,
+    check_round,
+    writes_after_settling,
+)
 from tests.integration.harness import Jobs, OperatorProcess, make_job
 
 pytestmark = pytest.mark.faults
@@ -54,10 +62,7 @@ def test_operator_sigkill_at_random_moments(cluster, api_client, namespace) -> N
             started = time.monotonic()
             finals = {f"{s.name}-{r}": jobs.wait_state(f"{s.name}-{r}", s.state, timeout=180) for s in SCRIPTS}
             settle.append(time.monotonic() - started)
-            # quiet: a settled job gets no more writes from a freshly (re)started operator
-            before = {n: jobs.get(n)["metadata"]["resourceVersion"] for n in finals}
-            time.sleep(4)
-            quiet_writes += sum(jobs.get(n)["metadata"]["resourceVersion"] != v for n, v in before.items())
+            quiet_writes += writes_after_settling(jobs, finals)
             wrong |= check_round(jobs, seen, finals, r)
             gaps += [st["lastRestartGapSeconds"] for st in finals.values() if "lastRestartGapSeconds" in st]
             events += [len(jobs.events(n)) for n in finals]
