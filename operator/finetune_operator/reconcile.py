@@ -284,9 +284,9 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         _close_attempt(p, spec, restarted=False)
         if st.progress is not None:
             # Every rank exited 0: the Trainer ran to its last step, whatever rank 0's last scrape had seen.
-            total = st.progress.total_steps
-            final = {"step": total, "step_of_total": f"{total}/{total}"} if total else {}
-            st.progress = replace(st.progress, eta_seconds=0, eta="0s", **final)
+            st.progress = replace(st.progress, eta_seconds=0, eta="0s")
+            if total := st.progress.total_steps:
+                st.progress = replace(st.progress, step=total, step_of_total=f"{total}/{total}")
         st.completion_time = p.now
         st.ready_nodes = 0
         p.transition(SUCCEEDED, "AllRanksSucceeded", f"all {spec.nodes} rank(s) exited 0 in attempt {st.attempt}")
