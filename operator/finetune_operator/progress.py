@@ -22,7 +22,8 @@ GAUGES = {
     "finetune_train_tokens_per_second": "tokens_per_second",
     "finetune_train_eta_seconds": "eta_seconds",
     "finetune_checkpoint_last_step": "last_checkpoint_step",
-    "finetune_train_mfu": "mfu",
+    "finetune_train_mfu_ratio": "mfu",
+    "finetune_train_mfu": "mfu",  # trainer images before the _ratio name
     "finetune_time_to_first_step_seconds": "time_to_first_step_seconds",
     "finetune_train_warmup_seconds": "warmup_seconds",
     "finetune_rendezvous_duration_seconds": "rendezvous_seconds",

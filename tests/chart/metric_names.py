@@ -36,7 +36,8 @@ TRAINER_GAUGES = {
     "finetune_train_eta_seconds",
     "finetune_train_samples_per_second",
     "finetune_train_tokens_per_second",
-    "finetune_train_mfu",
+    "finetune_train_mfu_ratio",
+    "finetune_train_mfu",  # deprecated name of finetune_train_mfu_ratio, exported one more release
     "finetune_checkpoint_last_step",
     "finetune_checkpoint_resume_fallbacks",
     "finetune_time_to_first_step_seconds",

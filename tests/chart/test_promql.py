@@ -149,7 +149,7 @@ def test_dashboard_covers_the_promised_panels(helm: Helm) -> None:
         "finetune_train_step_duration_seconds_bucket",
         "finetune_train_loss",
         "finetune_train_eta_seconds",
-        "finetune_train_mfu",
+        "finetune_train_mfu_ratio",
         "finetune_attempt",
         "finetune_operator_gang_restarts_total",
         "DCGM_FI_DEV_GPU_UTIL",

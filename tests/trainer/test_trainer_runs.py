@@ -143,7 +143,8 @@ def test_metrics_scraped_during_run_are_prometheus_text(eager_run: dict) -> None
     assert value["finetune_train_tokens_total"] > value["finetune_train_samples_total"]
     assert value["finetune_rendezvous_duration_seconds"] > 0
     assert value["finetune_time_to_first_step_seconds"] > 0
-    assert math.isnan(value["finetune_train_mfu"])  # CPU: no peak FLOPs, documented as NaN
+    assert math.isnan(value["finetune_train_mfu_ratio"])  # CPU: no peak FLOPs, documented as NaN
+    assert math.isnan(value["finetune_train_mfu"])  # the deprecated name, the same value
 
 
 def test_two_nodes_rendezvous_and_agree(tmp_path: Path) -> None:

@@ -104,7 +104,12 @@ class TrainerMetrics:
         self.tokens_per_second = gauge(
             "finetune_train_tokens_per_second", "Recent training tokens per second on this node"
         )
-        self.mfu = gauge("finetune_train_mfu", "Model FLOPs utilisation (0-1; NaN on CPU or unknown GPUs)")
+        self.mfu = gauge("finetune_train_mfu_ratio", "Model FLOPs utilisation, 0-1 (NaN on CPU or unknown GPUs)")
+        # The name before Prometheus' unit-suffix convention, exported for one more release so that dashboards and
+        # alerts can move to finetune_train_mfu_ratio.
+        self.mfu_deprecated = gauge(
+            "finetune_train_mfu", "Deprecated: finetune_train_mfu_ratio (same value; removed in the next release)"
+        )
         self.checkpoint_last_step = gauge("finetune_checkpoint_last_step", "Step of the newest complete checkpoint")
         self.checkpoint_resume_fallbacks = gauge(
             "finetune_checkpoint_resume_fallbacks",
@@ -132,7 +137,7 @@ class TrainerMetrics:
             "finetune_eval_accuracy", "Accuracy on the evaluation split at the last evaluation (classification)"
         )
         self.eval_f1 = gauge("finetune_eval_f1", "Macro F1 on the evaluation split at the last evaluation")
-        for unset in (self.mfu, self.eval_loss, self.eval_perplexity, self.eval_accuracy, self.eval_f1):
+        for unset in (self.mfu, self.mfu_deprecated, self.eval_loss, self.eval_perplexity, self.eval_accuracy, self.eval_f1):
             unset.set(math.nan)  # NaN until known: a 0 would read as a perfect loss or a useless model
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
@@ -262,7 +267,9 @@ class MetricsCallback(TrainerCallback):
         m.samples_per_second.set(self._avg_samples_per_s)
         m.tokens_per_second.set(self._avg_tokens_per_s)
         m.eta.set(max(0, state.max_steps - state.global_step) * self._avg_step)
-        m.mfu.set(mfu(self.params, self._avg_tokens_per_s, self.peak, self.nproc))
+        utilisation = mfu(self.params, self._avg_tokens_per_s, self.peak, self.nproc)
+        m.mfu.set(utilisation)
+        m.mfu_deprecated.set(utilisation)
 
     def steady_rates(self) -> tuple[float | None, float | None]:
         """(samples/s, tokens/s) of this node over every step after the first: the figure the gauges track, without
