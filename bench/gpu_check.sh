@@ -122,7 +122,7 @@ from prometheus_client.parser import text_string_to_metric_families
 work, device = Path(sys.argv[1]), sys.argv[2]
 g = {s.name: s.value for f in text_string_to_metric_families((work / "scrape-mid.txt").read_text()) for s in f.samples}
 r = json.loads(next((work / "out").rglob("result.json")).read_text())  # <workdir>/output/<namespace>/<job>/
-mfu, gauge_tps = g["finetune_train_mfu"], g["finetune_train_tokens_per_second"]
+mfu, gauge_tps = g["finetune_train_mfu_ratio"], g["finetune_train_tokens_per_second"]
 print(f"run-local: acceleration {r['acceleration']} ({r['acceleration_reason']}), attention {r['attention']}, "
       f"optimizer {r['optimizer']}, precision {r['precision']}, params {r['params'] / 1e9:.2f} B")
 print(f"run-local: mid-run gauges: MFU {mfu:.3f}, {gauge_tps:,.0f} tokens/s; result.json {r['tokens_per_second']:,.0f} "

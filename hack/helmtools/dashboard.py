@@ -147,7 +147,7 @@ def panels() -> list[dict[str, Any]]:
         ),
         _panel(
             "MFU",
-            [_target(f"avg by ({BY}) (finetune_train_mfu_ratio{{{SEL}}})", job)],
+            [_target(f"avg by ({BY}) (finetune_train_mfu_ratio{{{SEL}}} or finetune_train_mfu{{{SEL}}})", job)],
             unit="percentunit",
             desc="Model FLOPs utilisation (mean over ranks); empty on CPU.",
         ),

@@ -63,8 +63,9 @@ def parse_metrics(text: str, *, nodes: int) -> Progress | None:
         value = float(family.samples[0].value)
         if math.isnan(value) or math.isinf(value) or (field in SET_ONCE and value <= 0):
             continue
-        if field in PER_NODE_RATES:  # whole-job rates, to a tenth: a column reads 2702.2, not 2702.2199
-            out[field] = round(value * nodes, 1)
+        if field in PER_NODE_RATES:  # whole-job rates; from 10/s on to a tenth: a column reads 2702.2, not 2702.2199
+            value *= nodes
+            out[field] = round(value, 1 if value >= 10 else 4)
             continue
         out[field] = int(value) if field in INTEGER_FIELDS else round(value, 4)
     if not out.get("total_steps"):

@@ -392,8 +392,9 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
     st.ready_nodes = 0
     # After a disruption the ranks agree on a checkpoint, which takes the pods' grace period. After a failure a rank
     # is gone, so the survivors (often blocked in a collective) can save nothing: a short grace frees the GPUs.
-    grace = None if failure.disruption else min(spec.termination_grace_period_seconds,
-                                                 p.settings.failure_restart_grace_seconds)
+    # At least 1 s: a zero grace period removes the pod object at once, before its node has stopped the processes.
+    grace = None if failure.disruption else max(1, min(spec.termination_grace_period_seconds,
+                                                        p.settings.failure_restart_grace_seconds))
     p.delete(current, grace_seconds=grace)
     p.plan.restart_reason = failure.reason
     counted = "not counted: disruption" if failure.disruption else f"restart {st.restarts}/{spec.max_restarts}"

@@ -149,10 +149,10 @@ def node_lost(node: dict[str, Any] | None, *, mode: str, now: datetime, after_se
     """Why a pod stuck terminating on ``node`` may be force-deleted (its kubelet will never confirm the deletion),
     or None: then it may not, because its processes may still run and hold the GPU and the shared checkpoints.
 
-    As PodGC judges it: the Node object is gone, or an administrator tainted it out-of-service (non-graceful node
-    shutdown); with ``mode`` ``not-ready`` (the default) also a node whose Ready condition has been False or Unknown for
-    ``after_seconds`` (the node lifecycle controller marks it Unknown when its kubelet stops reporting). ``never``
-    turns force deletion off."""
+    PodGC's rule (the Node object is gone, or an administrator tainted it out-of-service: non-graceful node
+    shutdown), and with ``mode`` ``not-ready`` (the default) also a node whose Ready condition has been False or
+    Unknown for ``after_seconds`` (the node lifecycle controller marks it Unknown when its kubelet stops
+    reporting). ``never`` turns force deletion off."""
     if mode == "never":
         return None
     if node is None:

@@ -472,7 +472,8 @@ def test_cluster_scope_install_run_upgrade_uninstall(
 
         # permissions: exactly the operator's rules, everywhere (cluster scope), and nothing else
         rules = _ssrr(kc, work)
-        assert rules == OPERATOR_RULES | NODE_RULES | {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}, rules
+        peering = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}
+        assert rules == OPERATOR_RULES | NODE_RULES | peering, rules
         problems = (
             _matrix(cluster, rel, MUST, work, True)
             + _matrix(cluster, rel, MUST_NOT, work, False)

@@ -124,6 +124,8 @@ def test_rank_sigkill_at_random_steps(e2e: E2E) -> None:
     assert st["state"] == "Succeeded" and st["restarts"] == KILLS, st
     assert result["steps"] == max_steps, result
     assert all(r % INTERVAL == 0 for r in resumed), resumed  # every attempt resumed from a complete checkpoint
+    # the trainer's own word on the last attempt: it resumed from a checkpoint at least as new as the operator saw
+    assert result["resumed_from_step"] % INTERVAL == 0 and result["resumed_from_step"] >= resumed[-1], result
     assert max(lost) <= INTERVAL, lost  # a restart throws away at most one checkpoint interval
     assert seen.pods_created["kills"] == 2 * (KILLS + 1)  # each rank once per attempt
     assert events_before < events <= 3 * (KILLS + 1)  # per attempt at most: created, running, restart/end
@@ -163,4 +165,6 @@ def test_frozen_rank_and_partitioned_rank(e2e: E2E) -> None:
                                    **figures, "violations": len(seen.overlaps) + (st["state"] != "Succeeded")})
     assert seen.overlaps == [], seen.overlaps
     assert st["state"] == "Succeeded" and st["restarts"] == 2, st
+    # rank 0 trained past the checkpoint at step 20 before the first fault: the last attempt resumed, not restarted
     assert result["steps"] == 400 and result["resumed_from_step"] % INTERVAL == 0, result
+    assert result["resumed_from_step"] >= INTERVAL, result

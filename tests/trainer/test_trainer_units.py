@@ -336,6 +336,25 @@ def test_a_cut_shard_of_a_sharded_checkpoint_is_found(tmp_path: Path) -> None:
     assert why is not None and why.startswith("pytorch_model_fsdp_0: "), why
 
 
+def test_an_io_error_while_checking_is_not_damage(tmp_path: Path, monkeypatch) -> None:
+    """A read that fails (EIO, ESTALE on NFS) says nothing about the checkpoint: the check raises (the worker
+    crashes, the gang restart tries again) and the checkpoint stays complete, instead of being unmarked and deleted.
+    The I/O error is injected (monkeypatch), since a failing disk cannot be staged here."""
+    import errno
+
+    from finetune_trainer import resumption
+
+    hf_like_checkpoint(tmp_path, 5)
+
+    def failing_read(path: str, name: str) -> None:
+        raise OSError(errno.EIO, "Input/output error", path)
+
+    monkeypatch.setattr(resumption, "_check", failing_read)
+    with pytest.raises(OSError):
+        resumption.choose(str(tmp_path))
+    assert checkpoints.latest_complete(str(tmp_path)) == checkpoints.Checkpoint(5, str(tmp_path / "checkpoint-5"), True)
+
+
 def test_rank_0_falls_back_past_unloadable_checkpoints_and_unmarks_them(tmp_path: Path) -> None:
     from finetune_trainer import resumption
 
@@ -646,6 +665,10 @@ def test_a_full_volume_is_output_full_not_a_crash(tmp_path: Path) -> None:
     assert classify_failure(f"OutputFull: {mapped[2]}")[0] == 73
     roomy = parse_config(tiny_config(tmp_path))
     assert classify(failures[2], roomy) is None  # the same torch error with room on the volume: a crash
+    # ENOSPC that is not the output volume's: /dev/shm of the DataLoader's workers, inotify's watch limit
+    assert classify(OSError(28, "No space left on device", "/dev/shm/torch_123_456"), roomy) is None
+    assert classify(OSError(28, "inotify watch limit reached"), roomy) is None
+    assert classify(failures[0], roomy) is None  # /dev/full names no path, and the output volume has room
     assert classify(OSError(5, "Input/output error")) is None
 
 

@@ -207,6 +207,9 @@ def test_a_failure_restart_stops_survivors_with_a_short_grace_a_disruption_with_
     short_spec = decided(job(dict(STARTED), nodes=2, terminationGracePeriodSeconds=5),
                          [running(0), running(1, phase="Failed", code=1)])
     assert {d.grace_seconds for d in short_spec.delete} == {5}  # never longer than the job's own
+    zero = decided(job(dict(STARTED), nodes=2, terminationGracePeriodSeconds=0),
+                   [running(0), running(1, phase="Failed", code=1)])
+    assert {d.grace_seconds for d in zero.delete} == {1}  # 0 would remove the pods before their processes stop
     evicted = decided(job(dict(STARTED), nodes=2), [running(0, pod_reason="Evicted", phase="Failed"), running(1)])
     assert evicted.status.disruptions == 1
     assert {d.grace_seconds for d in evicted.delete} == {None}
@@ -312,6 +315,17 @@ def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
     restarted.update(attemptStartTime=ts(NOW), state="Running")
     again = decided(job(restarted, **spec), [running(0, attempt=1), running(1, attempt=1, phase="Failed", code=1)])
     assert again.status.progress.steps_lost_to_restarts == 30 and again.status.restarts == 2
+
+
+def test_slow_rates_keep_their_digits() -> None:
+    """A tenth is enough for a column of thousands, not for a job that makes 0.03 samples/s: rounded to 0.0 the lost
+    GPU-seconds of its restarts would no longer be counted."""
+    from finetune_operator.progress import parse_metrics
+
+    page = ("finetune_train_total_steps 10\nfinetune_train_step 1\nfinetune_train_samples_per_second 0.0151234\n"
+            "finetune_train_tokens_per_second 1234.5678\n")
+    p = parse_metrics(page, nodes=2)
+    assert p is not None and (p.samples_per_second, p.tokens_per_second) == (0.0302, 2469.1)
 
 
 def test_a_succeeded_job_shows_its_last_step_not_the_last_scrape() -> None:

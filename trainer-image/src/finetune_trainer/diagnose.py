@@ -68,16 +68,29 @@ def _nearly_full(path: str) -> bool:
         return False
 
 
+def _on_output(filename: Any, config: Config) -> bool:
+    out = os.path.realpath(config.output_path)
+    return os.path.commonpath([out, os.path.realpath(str(filename))]) == out
+
+
 def output_full(chain: list[BaseException], config: Config | None) -> OutputFull | None:
-    """:class:`OutputFull` when ``chain`` is a write that failed for want of space or quota, else None."""
+    """:class:`OutputFull` when ``chain`` is a write to the output volume that failed for want of space or quota,
+    else None. ENOSPC elsewhere is not the output claim's fault (``/dev/shm`` for the DataLoader's workers, the
+    Hugging Face cache, inotify's watch limit): a failure that names another path is left a crash, and one that names
+    no path counts only while the output volume is (nearly) full."""
+    if config is None:
+        return None
     for e in chain:
         if (isinstance(e, OSError) and e.errno in FULL_ERRNOS) or any(t in str(e) for t in FULL_TEXT):
-            where = f" writing {e.filename}" if isinstance(e, OSError) and e.filename else ""
+            named = e.filename if isinstance(e, OSError) and e.filename else None
+            if not (_on_output(named, config) if named else _nearly_full(config.output_path)):
+                continue
+            where = f" writing {e.filename}" if named else ""
             return OutputFull(
                 f"no space left on the volume{where} ({_first_line(e)}); a restart would fail at the same save: "
                 f"{OUTPUT_FULL_FIX}"
             )
-    if config is not None and _nearly_full(config.output_path):
+    if _nearly_full(config.output_path):
         for e in chain:
             if any(t in str(e) for t in TORCH_WRITE_FAILED):
                 return OutputFull(

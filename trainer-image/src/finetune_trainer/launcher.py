@@ -210,13 +210,15 @@ def classify_failure(message: str) -> tuple[int, str]:
 
 
 class _Forwarder:
-    """SIGTERM/SIGINT for the launcher's whole life.
+    """SIGTERM/SIGINT, from the launcher's first instruction on.
 
     Before torchrun (``phase``: validation, the shared cache, the preflight) there is nothing to save, so the
     launcher ends at once with 143 (:func:`_stop_before_training`). Once torchrun is being started (``phase`` None)
     the signal goes to the workers directly (they agree on a checkpoint and stop together; torchrun itself would give
     them only 30 s before SIGKILL), or to torchrun while it has no workers yet. A signal that lands while torchrun is
-    being started is forwarded by :meth:`forward_pending` as soon as the process exists."""
+    being started is forwarded by :meth:`forward_pending` as soon as the process exists. After torchrun has exited
+    (rank 0 exporting the trained model) the signal is only noted: the export goes on, bounded by the grace period,
+    since a push cut off half-way helps nobody and the model is already on the claim."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None

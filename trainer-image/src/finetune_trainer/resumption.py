@@ -71,18 +71,34 @@ def _check(path: str, name: str) -> None:
         _check_json(path)
 
 
+# Failures to *read* the volume (EIO, ESTALE on NFS, a file gone while listed) or to check at all (memory) say
+# nothing about the checkpoint: they propagate, the worker crashes and the gang restart tries again, instead of the
+# checkpoint being unmarked and deleted. Everything else a parser raises means the bytes are not a checkpoint.
+NOT_DAMAGE = (OSError, MemoryError)
+
+
+def _damage(exc: Exception) -> bool:
+    # torch and safetensors wrap some read errors in their own types: a message with an errno text is I/O, too
+    return not isinstance(exc, NOT_DAMAGE) and "Input/output error" not in str(exc)
+
+
 def problem(path: str) -> str | None:
-    """Why the checkpoint at ``path`` cannot be loaded, or None when every file the Trainer reads parses."""
+    """Why the checkpoint at ``path`` cannot be loaded, or None when every file the Trainer reads parses. An I/O
+    error while reading raises (:data:`NOT_DAMAGE`)."""
     for parent, _, files in os.walk(path):
         if DCP_METADATA in files:
             try:
                 _check_dcp(parent)
             except Exception as e:
+                if not _damage(e):
+                    raise
                 return f"{os.path.relpath(parent, path)}: {type(e).__name__}: {e}"
         for name in sorted(files):
             try:
                 _check(os.path.join(parent, name), name)
             except Exception as e:
+                if not _damage(e):
+                    raise
                 return f"{os.path.relpath(os.path.join(parent, name), path)}: {type(e).__name__}: {e}"
     return None
 

@@ -363,7 +363,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     phases = {"launcher_seconds": torchrun_time - launch_time, "rendezvous_seconds": time.time() - torchrun_time}
     control_group = None
     if dist.is_initialized() and dist.get_backend() != "gloo":
-        control_group = dist.new_group(backend="gloo")  # SIGTERM agreement without GPU syncs
+        # SIGTERM agreement and resume broadcast without GPU syncs, bounded like the training collectives
+        control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.ddp_timeout))
 
     metrics = TrainerMetrics(namespace=config.job.namespace, job=config.job.name, node_rank=ident.node_rank)
     metrics.rendezvous_duration.set(rendezvous_s)
