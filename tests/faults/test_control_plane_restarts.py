@@ -53,6 +53,23 @@ def own_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, client.ApiClient
         local.stop()
 
 
+def _what_the_cluster_holds(api: Any, op: OperatorProcess) -> str:
+    """On a failure: every trainer pod (attempt, deletion, finalizers, node, phase), every job's status and the
+    operator's log tail."""
+    lines = ["==== trainer pods ===="]
+    for pod in client.CoreV1Api(api).list_namespaced_pod("faults", label_selector="finetune.dev/job-name").items:
+        m = pod.metadata
+        lines.append(f"{m.name} uid={m.uid} attempt={m.labels.get('finetune.dev/attempt')} phase={pod.status.phase} "
+                     f"deletion={m.deletion_timestamp} finalizers={m.finalizers} node={pod.spec.node_name}")
+    lines.append("==== jobs ====")
+    jobs = Jobs(api, "faults")
+    for s in SCRIPTS:
+        lines.append(json.dumps({"name": f"{s.name}-0", "status": jobs.status(f"{s.name}-0")}, default=str))
+    lines.append("==== operator log (tail) ====")
+    lines.append(op.output()[-6000:])
+    return "\n".join(lines)
+
+
 def test_control_plane_restarts(own_cluster: tuple[LocalCluster, Any]) -> None:
     local, api = own_cluster
     rng = random.Random(SEED)
@@ -70,7 +87,11 @@ def test_control_plane_restarts(own_cluster: tuple[LocalCluster, Any]) -> None:
                 time.sleep(rng.uniform(1.0, 4.0))
                 outages.setdefault(component, []).append(round(local.restart(component), 2))
                 assert op.proc is not None and op.proc.poll() is None, "the operator exited:\n" + op.output()[-3000:]
-        finals = {f"{s.name}-0": jobs.wait_state(f"{s.name}-0", s.state, timeout=240) for s in SCRIPTS}
+        try:
+            finals = {f"{s.name}-0": jobs.wait_state(f"{s.name}-0", s.state, timeout=240) for s in SCRIPTS}
+        except AssertionError:
+            print(_what_the_cluster_holds(api, op))
+            raise
         quiet_writes = writes_after_settling(jobs, finals)
         wrong = check_round(jobs, seen, finals, 0)
         alive = op.proc is not None and op.proc.poll() is None
