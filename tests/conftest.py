@@ -72,8 +72,12 @@ def cluster() -> Iterator[Cluster]:
     if crds:
         for f in crds:
             c.run_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
-        c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                      *[f"-f={f}" for f in crds])
+        # `kubectl wait` fails at once (not waits) while a just-created CRD has no status.conditions yet
+        from tests.waiting import wait_for
+
+        wait_for(lambda: c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                                       *[f"-f={f}" for f in crds]) or True,
+                 timeout=90, what="the CRDs to be Established", interval=0.5)
     try:
         yield c
     finally:

@@ -280,6 +280,8 @@ class LocalCluster:
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # as kubeadm: reach a node's kubelet (the node agent's, for `kubectl logs`) at its InternalIP
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--allow-privileged=false",
                 "--profiling=false",
                 "--v=1",

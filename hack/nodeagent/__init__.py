@@ -25,8 +25,9 @@ virtualenv holding ``finetune-trainer``; ``image`` is reported, never pulled); p
 containers, probes, restarts (``restartPolicy: Never`` only), resource limits or cgroups (so no real
 ``OOMKilled``); PVCs are plain directories ``<claims-dir>/<namespace>/<claimName>`` (no binding or access modes);
 cluster DNS is a per-pod hosts file listing ``<hostname>.<subdomain>[.<ns>[.svc[.cluster.local]]]`` for pods of
-the namespace whose headless Service exists; no Service VIPs, no egress; no ``kubectl logs``/``exec`` (logs
-are files under ``<state-dir>/logs``).
+the namespace whose headless Service exists; no Service VIPs, no egress; ``kubectl logs`` [``-f``] works (the
+kubelet API's ``/containerLogs``, served over HTTPS from the log files under ``<state-dir>/logs``,
+hack/nodeagent/kubeletapi.py), ``exec``, ``attach`` and ``port-forward`` do not.
 """
 
 from hack.nodeagent.agent import NodeAgent, PodRun

@@ -23,6 +23,7 @@ import psutil
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from hack.nodeagent.kubeletapi import KubeletApi, LogSource
 from hack.nodeagent.network import Bridge, PodNetwork, ip
 
 log = logging.getLogger("nodeagent")
@@ -150,6 +151,7 @@ class NodeAgent:
         self._hidden: dict[tuple[str, str], set[str]] = {}  # (ns, pod) -> hostnames its hosts file omits
         self._services: dict[str, tuple[float, set[str]]] = {}
         self.errors: list[str] = []
+        self.kubelet_api: KubeletApi | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -166,6 +168,7 @@ class NodeAgent:
         self.claims_dir.mkdir(parents=True, exist_ok=True)
         Path(STAGE).mkdir(parents=True, exist_ok=True)
         self.bridge.create()
+        self.kubelet_api = KubeletApi(self.bridge.gateway, self.state_dir, self._log_source).start()
         self._register_node()
         for target in (self._loop, self._heartbeat):
             t = threading.Thread(target=target, name=f"nodeagent-{target.__name__}", daemon=True)
@@ -189,6 +192,8 @@ class NodeAgent:
             if delete_pods:
                 self._force_delete(run)
             self._cleanup(run)
+        if self.kubelet_api is not None:
+            self.kubelet_api.stop()
         self.bridge.delete()
         with contextlib.suppress(ApiException):
             self.core.delete_node(self.node_name)
@@ -217,6 +222,7 @@ class NodeAgent:
         return {"conditions": cond, "capacity": cap, "allocatable": cap,
                 "addresses": [{"type": "InternalIP", "address": self.bridge.gateway},
                               {"type": "Hostname", "address": self.node_name}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_api.port if self.kubelet_api else 0}},
                 "nodeInfo": {"kubeletVersion": "local-node-agent", "containerRuntimeVersion": "local-processes://0",
                              "operatingSystem": "linux", "architecture": "amd64", "kernelVersion": os.uname().release,
                              "osImage": "local", "kubeProxyVersion": "", "machineID": "", "systemUUID": "",
@@ -336,6 +342,21 @@ class NodeAgent:
         with self._lock:
             self.pods[uid] = run
         return run
+
+    def _log_source(self, ns: str, name: str, container: str) -> LogSource | tuple[int, str]:
+        """For the kubelet API: the log of pod ``ns/name``'s container, as a kubelet answers ``kubectl logs``."""
+        with self._lock:
+            runs = [r for r in self.pods.values() if r.namespace == ns and r.name == name]
+        if not runs:
+            return 404, f"pod {ns}/{name} not found on node {self.node_name}"
+        run = runs[-1]
+        if container != run.container:
+            return 400, f"container {container} is not valid for pod {name}"
+        if run.proc is None:
+            return 400, f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
+        proc = run.proc
+        return LogSource(run.log_path, started=True,
+                         running=lambda: run.exit_code is None and proc.poll() is None)
 
     def _lookup(self, kind: str, ns: str, name: str, key: str | None) -> dict[str, str] | str | None:
         try:

@@ -1,5 +1,7 @@
-"""The ``finetune`` command line: ``finetune operator`` runs the operator, ``finetune run-local``
-runs a FineTuneJob manifest on this machine with the same config and env contract as the pods."""
+"""The ``finetune`` command line. For users: ``submit``, ``validate``, ``status``, ``list``, ``logs``, ``wait``,
+``suspend``, ``resume``, ``delete`` (finetune_operator.jobctl, docs/cli.md). ``finetune operator`` runs the operator;
+``finetune run-local`` runs a FineTuneJob manifest on this machine with the same config and env contract as the
+pods."""
 
 from __future__ import annotations
 
@@ -107,7 +109,8 @@ def run_operator(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="finetune", description=__doc__)
+    ap = argparse.ArgumentParser(prog="finetune", description="Fine-tune Hugging Face models as FineTuneJobs on "
+                                 "Kubernetes: submit and follow jobs, or run the operator.")
     sub = ap.add_subparsers(dest="command", required=True)
     op = sub.add_parser("operator", help="run the FineTuneJob operator")
     op.add_argument("--namespace", "-n", action="append", help="watch this namespace (repeat); default: all")
@@ -120,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     rl.add_argument("--workdir", help="where the output claim and logs go (default: ./output/<job>)")
     rl.add_argument("--mount", action="append", default=[], metavar="MOUNTPATH=DIR",
                     help="map a volume mount path of the manifest to a local directory (repeat)")
+    from finetune_operator import jobctl
+
+    jobctl.add_parsers(sub)
     args = ap.parse_args(argv)
+    if args.command in jobctl.COMMANDS:
+        return jobctl.run(args)
     if args.command == "operator":
         return run_operator(args)  # kopf configures logging (plain or JSON)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

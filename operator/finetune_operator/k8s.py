@@ -139,7 +139,8 @@ class Kube:
             self.requests[verb] += 1
 
     def _request(self, verb: str, method: str, path: str, *, body: Any = None, query: dict[str, str] | None = None,
-                 ok: tuple[int, ...] = (), conflict: tuple[int, ...] = ()) -> Any | None:
+                 ok: tuple[int, ...] = (), conflict: tuple[int, ...] = (), content_type: str = "application/json",
+                 timeout: Any = TIMEOUT) -> Any | None:
         """One request, counted and with the timeout. Returns the urllib3 response, its body not yet read (None for
         an answer in ``ok``: 404 for "already gone", 409 for "already exists"); raises :class:`ApiError` (or
         :class:`Conflict` for a status in ``conflict``, :class:`Rejected`) for any other error answer or failure."""
@@ -147,12 +148,12 @@ class Kube:
         cfg = self.api.configuration
         headers = {**self.api.default_headers, "Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         self.api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
         url = cfg.host + path + (f"?{urlencode(query)}" if query else "")
         rest: Any = self.api.rest_client
         try:
-            resp = rest.request(method, url, headers=headers, body=body, _request_timeout=TIMEOUT)
+            resp = rest.request(method, url, headers=headers, body=body, _request_timeout=timeout)
         except (urllib3.exceptions.HTTPError, ApiException) as e:  # no answer: connection, TLS, timeout
             raise ApiError(0, f"{method} {path}: {e}") from e
         if 200 <= resp.status < 300:
@@ -319,3 +320,52 @@ class Kube:
             self._write("create", "POST", _core(meta["namespace"], "events"), body=event)
         except ApiError as e:
             log.warning("could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)
+
+    # -- what the finetune user commands need (with the user's own kubeconfig and RBAC) -----------------------
+
+    def apply_job(self, obj: dict[str, Any], *, dry_run: bool, force: bool = False) -> dict[str, Any]:
+        """Server-side apply of a FineTuneJob (``kubectl apply --server-side``): creates or updates it, field by field
+        under the ``finetune`` field manager. ``dry_run``: admission, the schema and its CEL rules are checked and
+        nothing is stored. Raises :class:`Rejected` (invalid: the message names the field) or :class:`ApiError`."""
+        meta = obj["metadata"]
+        query = {"fieldManager": "finetune", "fieldValidation": "Strict"}  # a misspelt field is an error, as in kubectl
+        if dry_run:
+            query["dryRun"] = "All"
+        if force:
+            query["force"] = "true"
+        resp = self._request("apply", "PATCH", _jobs(meta["namespace"], meta["name"]), body=obj, query=query,
+                             content_type="application/apply-patch+yaml")
+        assert resp is not None  # nothing is "ok" here: every error raised
+        return dict(json.loads(resp.read()))
+
+    def patch_job_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """A JSON merge patch of the job's spec (``suspend``, say); None when the job does not exist."""
+        resp = self._request("patch", "PATCH", _jobs(namespace, name), body={"spec": spec}, ok=(404,),
+                             content_type="application/merge-patch+json")
+        return None if resp is None else dict(json.loads(resp.read()))
+
+    def delete_job_named(self, namespace: str, name: str) -> bool:
+        """Delete a job by name (its pods, Service and ConfigMap go with it); False when it does not exist."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        return self._write("delete", "DELETE", _jobs(namespace, name), body=options, ok=(404,))
+
+    def list_job_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The core/v1 Events of a FineTuneJob (what ``kubectl describe`` shows), oldest first."""
+        query = {"fieldSelector": f"involvedObject.name={name},involvedObject.kind=FineTuneJob"}
+        body = self._read(_core(namespace, "events"), verb="list", query=query, absent_ok=False) or {}
+        items = list(body.get("items", []))
+        return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    def pod_log(self, namespace: str, pod: str, *, follow: bool = False, tail_lines: int | None = None) -> Any:
+        """The trainer container's log as a stream of byte chunks (``kubectl logs [-f]``). With ``follow`` it ends
+        when the container ends; the caller closes it (``.release_conn()``) when it stops reading early."""
+        query = {"container": "trainer"}
+        if follow:
+            query["follow"] = "true"
+        if tail_lines is not None:
+            query["tailLines"] = str(tail_lines)
+        # no read timeout when following: a quiet trainer (a long evaluation) is not a dead connection
+        resp = self._request("get", "GET", _core(namespace, "pods", pod) + "/log", query=query,
+                             timeout=(5, None) if follow else TIMEOUT)
+        assert resp is not None
+        return resp.response

@@ -32,7 +32,7 @@ import tempfile
 import time
 from typing import Any, NoReturn
 
-from finetune_trainer import errors, hfcache
+from finetune_trainer import errors, hfcache, podlog
 from finetune_trainer.config import Config, load_config
 from finetune_trainer.env import RunEnv, read_env
 from finetune_trainer.errors import ConfigError, RendezvousTimeout
@@ -262,6 +262,7 @@ def _stop_before_training(signum: int, phase: str) -> NoReturn:
     errors.write_termination_log(errors.REASON_TERMINATED, message)
     with contextlib.suppress(OSError):
         os.write(2, f"finetune-trainer: {errors.REASON_TERMINATED}: {message}\n".encode())
+    podlog.close_active(timeout=1.0)
     os._exit(errors.EXIT_TERMINATED)
 
 
@@ -293,7 +294,15 @@ def run() -> int:
         validate(config, run_env, cuda_available=torch.cuda.is_available())
     except ConfigError as e:
         return _fail(errors.EXIT_CONFIG_ERROR, str(e))
+    podlog.start(config.output_path, run_env.attempt, run_env.node_rank)
+    try:
+        return _run_validated(forwarder, config, run_env, launch_time)
+    finally:
+        podlog.close_active()
 
+
+def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, launch_time: float) -> int:
+    """From a valid config on: the shared cache, the preflight, torchrun, the exports."""
     forwarder.phase = "shared cache"
     try:
         hfcache.prepare(config, run_env)

@@ -1,0 +1,163 @@
+"""What the ``finetune`` user commands print, as pure functions of a FineTuneJob (and its pods and events): the
+status block of ``finetune status``, the table of ``finetune list``, the one-line summary ``--follow`` ends with.
+
+Nothing here talks to the API server (that is ``k8s``) or reads the terminal (that is ``jobctl``); the output is
+rich renderables, so tests render them to text with a recording console.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from finetune_operator.status import FAILED, RUNNING, SUCCEEDED, SUSPENDED, parse_ts
+
+# The condition that explains each state (Created and Pending are explained by the Created condition).
+_STATE_CONDITION = {RUNNING: "Running", "Restarting": "Restarting", SUSPENDED: "Suspended", SUCCEEDED: "Succeeded",
+                    FAILED: "Failed", "Created": "Created", "Pending": "Created"}
+STYLE = {RUNNING: "green", SUCCEEDED: "bold green", FAILED: "bold red", "Restarting": "yellow", SUSPENDED: "cyan"}
+
+
+def age(ts: str | None, now: datetime) -> str:
+    """``kubectl``-style age: 45s, 3m12s, 2h5m, 3d4h."""
+    t = parse_ts(ts)
+    if t is None:
+        return "-"
+    s = max(0, int((now - t).total_seconds()))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60}s" if s < 600 else f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def reason(status: dict[str, Any]) -> tuple[str, str]:
+    """Why the job is in its state: (reason, message), from the failure or the condition that explains the state."""
+    state = status.get("state") or "Pending"
+    if state == FAILED and status.get("failure"):
+        f = status["failure"]
+        return str(f.get("reason") or ""), str(f.get("message") or "")
+    want = _STATE_CONDITION.get(state)
+    for c in status.get("conditions") or []:
+        if c.get("type") == want:
+            return str(c.get("reason") or ""), str(c.get("message") or "")
+    return "", ""
+
+
+def progress_line(progress: dict[str, Any] | None) -> str:
+    """Step, throughput, ETA and loss in one line ("" before the first scrape)."""
+    if not progress:
+        return ""
+    parts = []
+    step, total = progress.get("step"), progress.get("totalSteps")
+    if step is not None:
+        parts.append(f"step {step}/{total} ({100 * step // total}%)" if total else f"step {step}")
+    if progress.get("samplesPerSecond") is not None:
+        parts.append(f"{progress['samplesPerSecond']} samples/s")
+    if progress.get("tokensPerSecond") is not None:
+        parts.append(f"{progress['tokensPerSecond']} tokens/s")
+    if progress.get("loss") is not None:
+        parts.append(f"loss {progress['loss']:.4g}")
+    if progress.get("evalLoss") is not None:
+        parts.append(f"eval loss {progress['evalLoss']:.4g}")
+    if progress.get("eta"):
+        parts.append(f"ETA {progress['eta']}")
+    return ", ".join(parts)
+
+
+def status_block(job: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]], *,
+                 now: datetime | None = None, events_shown: int = 8) -> RenderableType:
+    """``finetune status NAME``: state and reason, attempt and restarts, progress, the failure, the pods of the
+    current attempt, the conditions and the newest events."""
+    now = now or datetime.now(UTC)
+    meta, spec, st = job["metadata"], job.get("spec") or {}, job.get("status") or {}
+    state = st.get("state") or "Pending"
+    why, message = reason(st)
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    created = age(meta.get("creationTimestamp"), now)
+    head.add_row("Name", f"{meta['name']} (namespace {meta['namespace']}, age {created})")
+    head.add_row("State", Text.assemble((state, STYLE.get(state, "")), f"  {why}" if why else ""))
+    if message and not (state == FAILED and st.get("failure")):  # else the Failure row below says it
+        head.add_row("", message)
+    head.add_row("Attempt", f"{st.get('attempt', 0)} (restarts {st.get('restarts', 0)}/{spec.get('maxRestarts', 3)}, "
+                 f"disruptions {st.get('disruptions', 0)})")
+    head.add_row("Nodes", f"{st.get('nodes', '0/' + str(spec.get('nodes', 1)))} running")
+    if line := progress_line(st.get("progress")):
+        head.add_row("Progress", line)
+    prog = st.get("progress") or {}
+    if prog.get("lastCheckpointStep") is not None:
+        head.add_row("Checkpoint", f"step {prog['lastCheckpointStep']}")
+    if prog.get("stepsLostToRestarts"):
+        head.add_row("Lost", f"{prog['stepsLostToRestarts']} step(s) to restarts")
+    if f := st.get("failure"):
+        where = f" on node {f['rank']}" if f.get("rank") is not None else ""
+        where += f" in attempt {f['attempt']}" if f.get("attempt") is not None else ""
+        head.add_row("Failure", Text(f"{f.get('reason')}{where}: {f.get('message', '')}", style="red"))
+        if f.get("podName"):
+            head.add_row("", f"its log: finetune logs {meta['name']} --rank {f.get('rank', 0)} (pod {f['podName']})")
+    parts: list[RenderableType] = [head]
+    if pods:
+        t = Table(title="Pods", title_justify="left", box=None, pad_edge=False)
+        for col in ("POD", "RANK", "ATTEMPT", "PHASE", "NODE", "AGE"):
+            t.add_column(col)
+        for p in sorted(pods, key=lambda p: p["metadata"]["name"]):
+            labels = p["metadata"].get("labels") or {}
+            phase = (p.get("status") or {}).get("phase") or "Pending"
+            if p["metadata"].get("deletionTimestamp"):
+                phase = "Terminating"
+            t.add_row(p["metadata"]["name"], labels.get("finetune.dev/node-rank", "?"),
+                      labels.get("finetune.dev/attempt", "?"), phase, (p.get("spec") or {}).get("nodeName") or "-",
+                      age(p["metadata"].get("creationTimestamp"), now))
+        parts.append(t)
+    if st.get("conditions"):
+        t = Table(title="Conditions", title_justify="left", box=None, pad_edge=False)
+        for col in ("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"):
+            t.add_column(col, overflow="fold")
+        for c in st["conditions"]:
+            t.add_row(c.get("type"), c.get("status"), c.get("reason"), age(c.get("lastTransitionTime"), now),
+                      c.get("message"))
+        parts.append(t)
+    if events:
+        t = Table(title="Events", title_justify="left", box=None, pad_edge=False)
+        for col in ("AGE", "TYPE", "REASON", "MESSAGE"):
+            t.add_column(col, overflow="fold")
+        for e in events[-events_shown:]:
+            t.add_row(age(e.get("lastTimestamp") or e.get("eventTime"), now), e.get("type"), e.get("reason"),
+                      e.get("message"))
+        parts.append(t)
+    return Group(*parts)
+
+
+def jobs_table(jobs: list[dict[str, Any]], *, all_namespaces: bool, now: datetime | None = None) -> Table:
+    """``finetune list``: a row per job."""
+    now = now or datetime.now(UTC)
+    t = Table(box=None, pad_edge=False)
+    cols = ["NAMESPACE"] if all_namespaces else []
+    for col in (*cols, "NAME", "STATE", "REASON", "NODES", "STEP", "RESTARTS", "AGE"):
+        t.add_column(col)
+    for j in sorted(jobs, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"])):
+        st = j.get("status") or {}
+        state = st.get("state") or "Pending"
+        row = [j["metadata"]["namespace"]] if all_namespaces else []
+        row += [j["metadata"]["name"], Text(state, style=STYLE.get(state, "")), reason(st)[0] or "-",
+                st.get("nodes") or "-", (st.get("progress") or {}).get("stepOfTotal") or "-",
+                str(st.get("restarts", 0)), age(j["metadata"].get("creationTimestamp"), now)]
+        t.add_row(*row)
+    return t
+
+
+def final_line(job: dict[str, Any]) -> str:
+    """What ``submit --follow`` and ``wait`` print when the job ends."""
+    st = job.get("status") or {}
+    why, message = reason(st)
+    name = job["metadata"]["name"]
+    extra = f" ({progress_line(st.get('progress'))})" if st.get("progress") else ""
+    return f"{name}: {st.get('state')} — {why}: {message}{extra}"

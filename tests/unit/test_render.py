@@ -1,0 +1,114 @@
+"""What the ``finetune`` user commands print (finetune_operator.render), rendered to text by a recording console;
+and the user commands' pure parts (manifest checks, where an earlier attempt's logs are)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from finetune_operator import jobctl, render
+from finetune_operator.status import ts
+from rich.console import Console
+
+from tests.unit.factories import NOW, STARTED, job
+
+pytestmark = pytest.mark.unit
+
+
+def text(renderable: Any) -> str:
+    console = Console(record=True, width=160, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def failed_job() -> dict[str, Any]:
+    status = {**STARTED, "state": "Failed", "restarts": 2, "attempt": 2,
+              "failure": {"reason": "CUDAOutOfMemory", "message": "CUDA out of memory: lower perDeviceBatchSize",
+                          "rank": 1, "attempt": 2, "podName": "ft-node-1"},
+              "conditions": [{"type": "Failed", "status": "True", "reason": "CUDAOutOfMemory", "message": "x",
+                              "lastTransitionTime": ts(NOW - timedelta(seconds=30))}]}
+    out = job(status, maxRestarts=2)
+    out["metadata"]["creationTimestamp"] = ts(NOW - timedelta(minutes=5))
+    return out
+
+
+def test_the_reason_is_the_failures_for_a_failed_job_else_the_condition_that_explains_the_state() -> None:
+    assert render.reason(failed_job()["status"])[0] == "CUDAOutOfMemory"
+    running = {"state": "Running", "conditions": [
+        {"type": "Restarting", "status": "False", "reason": "AllRanksRunning", "message": ""},
+        {"type": "Running", "status": "True", "reason": "AllRanksRunning", "message": "attempt 0: 2/2 running"}]}
+    assert render.reason(running) == ("AllRanksRunning", "attempt 0: 2/2 running")
+    assert render.reason({}) == ("", "")
+
+
+def test_status_block_names_state_failure_attempts_and_where_the_failed_ranks_log_is() -> None:
+    out = text(render.status_block(failed_job(), [], [], now=NOW))
+    assert "Failed  CUDAOutOfMemory" in out
+    assert "restarts 2/2" in out
+    assert "CUDAOutOfMemory on node 1 in attempt 2: CUDA out of memory" in out
+    assert "finetune logs ft --rank 1 (pod ft-node-1)" in out
+    assert "age 5m0s" in out
+
+
+def test_progress_line_and_list_table_read_well() -> None:
+    prog = {"step": 150, "totalSteps": 150, "samplesPerSecond": 2702.2, "loss": 0.123456, "eta": "0s",
+            "stepOfTotal": "150/150"}
+    assert render.progress_line(prog) == "step 150/150 (100%), 2702.2 samples/s, loss 0.1235, ETA 0s"
+    done = job({**STARTED, "state": "Succeeded", "progress": prog, "nodes": "0/2", "conditions": [
+        {"type": "Succeeded", "status": "True", "reason": "AllRanksSucceeded", "message": "all 2 rank(s) exited 0"}]})
+    done["metadata"]["creationTimestamp"] = ts(NOW - timedelta(hours=3, minutes=4))
+    table = text(render.jobs_table([done, failed_job()], all_namespaces=True, now=NOW))
+    header, *rows = [line.split() for line in table.strip().splitlines()]
+    assert header == ["NAMESPACE", "NAME", "STATE", "REASON", "NODES", "STEP", "RESTARTS", "AGE"]
+    assert rows[0][2:4] == ["Succeeded", "AllRanksSucceeded"] and rows[0][5] == "150/150" and rows[0][-1] == "3h4m"
+    assert rows[1][2:4] == ["Failed", "CUDAOutOfMemory"]
+
+
+def ctx(namespace: str | None = None) -> jobctl.Context:
+    return jobctl.Context(api=None, namespace=namespace or "default", explicit_namespace=namespace is not None,
+                          out=Console(), err=Console(stderr=True))
+
+
+def test_a_manifest_must_hold_one_finetunejob_and_agree_with_the_namespace_flag(tmp_path: Path) -> None:
+    two = tmp_path / "two.yaml"
+    two.write_text("apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a}\n---\n"
+                   "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: b}\n")
+    with pytest.raises(jobctl.UserError, match="holds 2 FineTuneJob"):
+        jobctl.load_manifest(str(two), ctx())
+    one = tmp_path / "one.yaml"
+    one.write_text("apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a, namespace: team}\n")
+    assert jobctl.load_manifest(str(one), ctx())["metadata"]["namespace"] == "team"
+    with pytest.raises(jobctl.UserError, match=r"metadata\.namespace is .team. but -n says .other."):
+        jobctl.load_manifest(str(one), ctx("other"))
+    old = tmp_path / "old.yaml"
+    old.write_text("apiVersion: finetune.dev/v1\nkind: FineTuneJob\nmetadata: {name: a}\n")
+    with pytest.raises(jobctl.UserError, match=r"speaks finetune\.dev/v1alpha1"):
+        jobctl.load_manifest(str(old), ctx())
+
+
+def test_the_typed_spec_names_the_field_of_each_error() -> None:
+    bad = job(None, output={"claimName": "o", "path": "../other"})
+    assert any(e.startswith("spec.output.path") for e in jobctl.local_errors(bad))
+    bad_name = job(None, name="Has_Capitals")
+    assert any("metadata.name" in e for e in jobctl.local_errors(bad_name))
+    assert jobctl.local_errors(job(None)) == []
+
+
+def test_validate_offline_needs_no_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a}\n"
+                   "spec: {model: {path: /m}, dataset: {path: /d}, output: {claimName: o, path: /abs}}\n")
+    args = argparse.Namespace(command="validate", file=str(bad), offline=True, namespace=None)
+    assert jobctl.run(args) == jobctl.EXIT_USAGE
+    assert "spec.output.path" in capsys.readouterr().err
+
+
+def test_an_earlier_attempts_log_is_found_on_the_output_claim() -> None:
+    restarted = job({**STARTED, "attempt": 2}, output={"volumeClaimTemplate": {"spec": {
+        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}})
+    said = jobctl._no_pod(restarted, 0, [1], 2)
+    assert "output claim ft-output, at ns/ft/logs/attempt-0/node-<rank>.log" in said
+    assert "has not started" in jobctl._no_pod(restarted, 3, [0], 2)
