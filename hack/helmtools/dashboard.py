@@ -161,13 +161,14 @@ def panels() -> list[dict[str, Any]]:
             "Gang restarts by reason",
             [
                 _target(
-                    "sum by (reason) (increase(finetune_operator_gang_restarts_total[$__range]))",
+                    "sum by (reason) (increase(finetune_operator_gang_restarts_total"
+                    "{finetune_namespace=~\"$namespace\"}[$__range]))",
                     "{{reason}}",
                     instant=True,
                 )
             ],
             unit="none",
-            desc="Gang restarts in the selected range, all jobs (operator metric).",
+            desc="Gang restarts in the selected range, all jobs of the selected namespaces (operator metric).",
             kind="stat",
         ),
         _panel(
@@ -219,7 +220,9 @@ def panels() -> list[dict[str, Any]]:
         ),
         _panel(
             "Operator: jobs by state",
-            [_target("max by (state) (finetune_operator_jobs)", "{{state}}")],
+            # max over the replicas per namespace (only the active one reconciles), then the namespaces' sum
+            [_target("sum by (state) (max by (finetune_namespace, state) "
+                     "(finetune_operator_jobs{finetune_namespace=~\"$namespace\"}))", "{{state}}")],
             unit="none",
             desc="FineTuneJobs by state, as the active operator replica last reconciled them.",
         ),

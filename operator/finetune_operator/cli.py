@@ -108,6 +108,53 @@ def run_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_user_parsers(sub: Any) -> None:
+    """The user commands (finetune_operator.jobctl), on the ``finetune`` parser's subcommands. Here, not in jobctl:
+    building the parser must not import the kubernetes client, which reads $KUBECONFIG at import, before
+    ``finetune operator`` has set it."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-n", "--namespace", help="the namespace (default: the kubeconfig context's, else default)")
+    common.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    common.add_argument("--context", help="the kubeconfig context to use")
+
+    p = sub.add_parser("submit", parents=[common], help="validate a FineTuneJob manifest, then apply it")
+    p.add_argument("file", help="the manifest (- for standard input)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="then show its progress and rank 0's log until it ends; exit with its result")
+    p.add_argument("--force-conflicts", action="store_true", help="take over fields another manager set")
+    p = sub.add_parser("validate", parents=[common], help="check a manifest: typed spec and a server dry run")
+    p.add_argument("file")
+    p.add_argument("--offline", action="store_true", help="the typed spec only (no cluster needed)")
+    p = sub.add_parser("status", parents=[common], help="state, reason, progress, pods, conditions and events")
+    p.add_argument("name")
+    p = sub.add_parser("list", parents=[common], help="the FineTuneJobs of the namespace")
+    p.add_argument("-A", "--all-namespaces", action="store_true")
+    p = sub.add_parser("logs", parents=[common], help="a rank's trainer log (default rank 0, current attempt)")
+    p.add_argument("name")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, default=0, help="the node rank (default 0)")
+    which.add_argument("--all", action="store_true", help="every rank, each line prefixed with [node N]")
+    p.add_argument("--attempt", type=int, help="the attempt (default: the current one)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming while the rank runs")
+    p.add_argument("--tail", type=int, help="only the last N lines")
+    p = sub.add_parser("wait", parents=[common], help="block until the job reaches a state")
+    p.add_argument("name")
+    p.add_argument("--for", dest="for_", choices=("Succeeded", "Failed", "Running", "Suspended", "finished"),
+                   default="finished", help="the state to wait for (default finished: Succeeded or Failed)")
+    p.add_argument("--timeout", type=float, help="give up after this many seconds (exit 124)")
+    for verb, text in (("suspend", "stop the job's pods (spec.suspend=true); it keeps its checkpoints"),
+                       ("resume", "start a suspended job again, from its newest checkpoint")):
+        p = sub.add_parser(verb, parents=[common], help=text)
+        p.add_argument("name")
+    p = sub.add_parser("delete", parents=[common], help="delete the job (its pods, Service and ConfigMap go with it)")
+    p.add_argument("name")
+    p.add_argument("--wait", action="store_true", help="until the job and its pods are gone")
+    p.add_argument("--timeout", type=float, default=300.0, help="for --wait (default 300 s)")
+
+
+USER_COMMANDS = ("submit", "validate", "status", "list", "logs", "wait", "suspend", "resume", "delete")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="finetune", description="Fine-tune Hugging Face models as FineTuneJobs on "
                                  "Kubernetes: submit and follow jobs, or run the operator.")
@@ -123,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     rl.add_argument("--workdir", help="where the output claim and logs go (default: ./output/<job>)")
     rl.add_argument("--mount", action="append", default=[], metavar="MOUNTPATH=DIR",
                     help="map a volume mount path of the manifest to a local directory (repeat)")
-    from finetune_operator import jobctl
-
-    jobctl.add_parsers(sub)
+    add_user_parsers(sub)
     args = ap.parse_args(argv)
-    if args.command in jobctl.COMMANDS:
+    if args.command in USER_COMMANDS:
+        from finetune_operator import jobctl
+
         return jobctl.run(args)
     if args.command == "operator":
         return run_operator(args)  # kopf configures logging (plain or JSON)

@@ -7,6 +7,7 @@ requeues that a plan asked for (TTL expiry, deadlines, waiting timeouts, restart
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -53,6 +54,7 @@ class Controller:
         self._due: dict[Key, float] = {}
         self._dirty: set[Key] = set()  # jobs with a watch event that no pass has looked at yet
         self._states: dict[Key, str] = {}
+        self._exported_namespaces: set[str] = set()
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
         # Rank 0's metrics, read off the reconcile path (finetune_operator.scrape); a finished scrape asks for a pass.
         self.scraper = Scraper(interval=settings.progress_interval_seconds, on_done=lambda key: self.requeue(key, 0))
@@ -84,12 +86,21 @@ class Controller:
         self._export_states()
 
     def _export_states(self) -> None:
-        counts: dict[str, int] = {}
+        """finetune_operator_jobs per namespace and state (zeros too, so an alert on a namespace resolves); the series
+        of a namespace without jobs any more are removed."""
+        counts: dict[tuple[str, str], int] = {}
         with self._guard:
-            for s in self._states.values():
-                counts[s] = counts.get(s, 0) + 1
-        for state in STATES:
-            self.metrics.jobs.labels(state=state).set(counts.get(state, 0))
+            for (ns, _), s in self._states.items():
+                counts[(ns, s)] = counts.get((ns, s), 0) + 1
+            namespaces = {ns for ns, _ in counts}
+            for ns in self._exported_namespaces - namespaces:
+                for state in STATES:
+                    with contextlib.suppress(KeyError):
+                        self.metrics.jobs.remove(ns, state)
+            self._exported_namespaces = namespaces
+            for ns in namespaces:
+                for state in STATES:
+                    self.metrics.jobs.labels(finetune_namespace=ns, state=state).set(counts.get((ns, state), 0))
 
     # -- one pass ------------------------------------------------------------------------------------
 
@@ -270,7 +281,7 @@ class Controller:
         for kind, obj_name in plan.delete_objects:
             self.kube.delete_object(kind, namespace, obj_name)
         if plan.restart_reason:
-            self.metrics.restarts.labels(reason=plan.restart_reason).inc()
+            self.metrics.restarts.labels(finetune_namespace=namespace, reason=plan.restart_reason).inc()
         for ev in plan.events:
             self.kube.post_event(job.wire, type_=ev.type, reason=ev.reason, message=ev.message)
         if plan.delete_job:
@@ -324,7 +335,7 @@ class Controller:
                 for job in self.store.jobs(ns):  # deleted while a watch was down: no DELETED event came
                     key = (job["metadata"]["namespace"], job["metadata"]["name"])
                     if key not in listed:
-                        self.store.forget_job(key)
+                        self.forget(key)  # its pods, scrape and state (and so its metric series) too
                 jobs = self.store.jobs(ns)  # a listed version older than a stored one loses
             for job in jobs:
                 state = (job.get("status") or {}).get("state")

@@ -10,8 +10,11 @@ class OperatorMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.jobs = Gauge("finetune_operator_jobs", "FineTuneJobs by state, as last reconciled",
-                          ["state"], registry=self.registry)
+        # By namespace, so a platform can route alerts to the team that owns it. The label is finetune_namespace,
+        # not namespace: Prometheus sets namespace on every target (the operator's own) and would rename ours.
+        # Bounded: namespaces that hold FineTuneJobs x 7 states; a namespace's series go with its last job.
+        self.jobs = Gauge("finetune_operator_jobs", "FineTuneJobs by namespace and state, as last reconciled",
+                          ["finetune_namespace", "state"], registry=self.registry)
         self.reconcile_seconds = Histogram(
             "finetune_operator_reconcile_duration_seconds", "Duration of one reconcile pass",
             registry=self.registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
@@ -21,7 +24,9 @@ class OperatorMetrics:
                                     registry=self.registry)
         self.pods_deleted = Counter("finetune_operator_pods_deleted_total", "Trainer pods deleted",
                                     registry=self.registry)
-        self.restarts = Counter("finetune_operator_gang_restarts_total", "Gang restarts by failure reason",
-                                ["reason"], registry=self.registry)
+        # namespaces x the restart reasons that occurred there (a fixed set: OOMKilled, Evicted, TrainingError, ...)
+        self.restarts = Counter("finetune_operator_gang_restarts_total",
+                                "Gang restarts by namespace and failure reason", ["finetune_namespace", "reason"],
+                                registry=self.registry)
         self.status_writes = Counter("finetune_operator_status_writes_total", "FineTuneJob status writes",
                                      registry=self.registry)

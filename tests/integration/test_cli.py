@@ -118,20 +118,54 @@ def test_submit_list_status_wait_suspend_resume_delete(cluster, api_client, name
         op.stop()
 
 
-def test_wait_for_success_on_a_failed_job_exits_1(cluster, api_client, namespace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _operator_metrics(port: int) -> dict[str, float]:
+    """The operator's finetune_operator_jobs and gang-restart series, as Prometheus would scrape them."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        page = r.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+            if line.startswith(("finetune_operator_jobs{", "finetune_operator_gang_restarts_total{"))}
+
+
+def test_a_failed_job_in_status_wait_and_the_operators_per_namespace_metrics(cluster, api_client, namespace,  # type: ignore[no-untyped-def]
+                                                                              tmp_path) -> None:
     jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
-    op = OperatorProcess(cluster.kubeconfig, namespace).start()
+    port = _free_port()
+    op = OperatorProcess(cluster.kubeconfig, namespace, FINETUNE_METRICS_PORT=str(port)).start()
     try:
-        r = finetune(cluster, "submit", manifest(tmp_path, make_job("doomed").max_restarts(0).build()), "-n",
+        r = finetune(cluster, "submit", manifest(tmp_path, make_job("doomed").max_restarts(1).build()), "-n",
                      namespace)
         assert r.returncode == 0, r.stderr
-        (p,) = jobs.wait_pods("doomed", 1)
-        kubelet.run(p.metadata.name)
-        kubelet.exit(p.metadata.name, 1, message="RuntimeError: injected")
+        for attempt in (0, 1):  # rank 0 fails in both attempts: one gang restart, then the job fails
+            (p,) = jobs.wait_pods("doomed", 1, attempt=attempt)
+            kubelet.run(p.metadata.name)
+            kubelet.exit(p.metadata.name, 1, message="RuntimeError: injected")
         r = finetune(cluster, "wait", "doomed", "--for", "Succeeded", "--timeout", "30", "-n", namespace)
         assert r.returncode == 1 and "doomed: Failed — TrainingError" in r.stderr, (r.stdout, r.stderr)
         r = finetune(cluster, "status", "doomed", "-n", namespace)
-        assert "TrainingError on node 0 in attempt 0: exit code 1: RuntimeError: injected" in r.stdout, r.stdout
-        assert "finetune logs doomed --rank 0 (pod doomed-node-0)" in r.stdout
+        assert "TrainingError on node 0 in attempt 1: exit code 1: RuntimeError: injected" in r.stdout, r.stdout
+        assert "finetune logs doomed --rank 0 (pod doomed-node-0)" in r.stdout and "restarts 1/1" in r.stdout
+
+        ns = f'finetune_namespace="{namespace}"'
+        seen = wait_for(lambda: (m := _operator_metrics(port)).get(f'finetune_operator_jobs{{{ns},state="Failed"}}')
+                        == 1.0 and m, timeout=30, what="the failed job in the operator's metrics")
+        assert seen[f'finetune_operator_jobs{{{ns},state="Running"}}'] == 0.0  # every state, zeros too
+        assert seen[f'finetune_operator_gang_restarts_total{{{ns},reason="TrainingError"}}'] == 1.0
+        jobs.delete("doomed")  # the namespace's last job: its state series go
+        try:
+            wait_for(lambda: not any(k.startswith(f"finetune_operator_jobs{{{ns}") for k in _operator_metrics(port)),
+                     timeout=30, what="the namespace's job series to go with its last job")
+        except AssertionError:
+            print(_operator_metrics(port), op.output()[-5000:])
+            raise
     finally:
         op.stop()

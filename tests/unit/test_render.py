@@ -106,6 +106,18 @@ def test_validate_offline_needs_no_cluster(tmp_path: Path, capsys: pytest.Captur
     assert "spec.output.path" in capsys.readouterr().err
 
 
+def test_the_command_line_parser_does_not_import_the_kubernetes_client() -> None:
+    """`finetune operator --kubeconfig K` sets $KUBECONFIG before the client is imported (it reads it at import, and
+    kopf's re-login later loads that default); building the parser of every command must not import it first."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom finetune_operator import cli\ntry:\n    cli.main(['status', '--help'])\n"
+            "except SystemExit:\n    pass\nprint('kubernetes' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"
+
+
 def test_an_earlier_attempts_log_is_found_on_the_output_claim() -> None:
     restarted = job({**STARTED, "attempt": 2}, output={"volumeClaimTemplate": {"spec": {
         "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}})
