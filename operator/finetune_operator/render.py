@@ -14,11 +14,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from finetune_operator.status import FAILED, RUNNING, SUCCEEDED, SUSPENDED, parse_ts
+from finetune_operator.status import FAILED, RUNNING, STATE_CONDITION, SUCCEEDED, SUSPENDED, parse_ts
 
-# The condition that explains each state (Created and Pending are explained by the Created condition).
-_STATE_CONDITION = {RUNNING: "Running", "Restarting": "Restarting", SUSPENDED: "Suspended", SUCCEEDED: "Succeeded",
-                    FAILED: "Failed", "Created": "Created", "Pending": "Created"}
 STYLE = {RUNNING: "green", SUCCEEDED: "bold green", FAILED: "bold red", "Restarting": "yellow", SUSPENDED: "cyan"}
 
 
@@ -43,7 +40,7 @@ def reason(status: dict[str, Any]) -> tuple[str, str]:
     if state == FAILED and status.get("failure"):
         f = status["failure"]
         return str(f.get("reason") or ""), str(f.get("message") or "")
-    want = _STATE_CONDITION.get(state)
+    want = STATE_CONDITION.get(state)
     for c in status.get("conditions") or []:
         if c.get("type") == want:
             return str(c.get("reason") or ""), str(c.get("message") or "")

@@ -17,6 +17,9 @@ from finetune_operator.failures import Failure
 PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)
+# The condition that explains each state (Created and Pending: the Created condition, e.g. PreviousJobTerminating).
+STATE_CONDITION = {RUNNING: "Running", RESTARTING: "Restarting", SUSPENDED: "Suspended", SUCCEEDED: "Succeeded",
+                   FAILED: "Failed", CREATED: "Created", PENDING: "Created"}
 STATES = (PENDING, CREATED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
 
 
@@ -147,6 +150,8 @@ class Status:
         out: dict[str, Any] = {}
         if self.state is not None:
             out["state"] = self.state
+            if why := self.reason():
+                out["reason"] = why  # derived, for the Reason column: never read back
         out.update(observedGeneration=self.observed_generation, nodes=f"{self.ready_nodes}/{self.wanted_nodes}",
                    readyNodes=self.ready_nodes, attempt=self.attempt, restarts=self.restarts,
                    disruptions=self.disruptions)
@@ -181,6 +186,14 @@ class Status:
         return st
 
     # -- conditions ---------------------------------------------------------------------------------
+
+    def reason(self) -> str:
+        """Why the job is in its state, in one word: the failure's reason for a failed job, else the reason of the
+        condition that explains the state ('' when none does yet)."""
+        if self.state == FAILED and self.failure is not None:
+            return self.failure.reason
+        c = self.condition(STATE_CONDITION.get(self.state or PENDING, ""))
+        return c.reason if c is not None else ""
 
     def condition(self, ctype: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == ctype), None)

@@ -11,10 +11,10 @@ OPERATOR_COUNTERS = {
     "finetune_operator_reconcile_errors_total",
     "finetune_operator_pods_created_total",
     "finetune_operator_pods_deleted_total",
-    "finetune_operator_gang_restarts_total",  # reason
+    "finetune_operator_gang_restarts_total",  # finetune_namespace, reason
     "finetune_operator_status_writes_total",
 }
-OPERATOR_GAUGES = {"finetune_operator_jobs"}  # state
+OPERATOR_GAUGES = {"finetune_operator_jobs"}  # finetune_namespace, state
 OPERATOR_HISTOGRAMS = {"finetune_operator_reconcile_duration_seconds"}
 
 # The trainer pods (port 9400); every series labelled finetune_namespace, finetune_job, node_rank.
@@ -50,7 +50,7 @@ TRAINER_GAUGES = {
     "finetune_attempt",
 }
 TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}
-OPERATOR_LABELS = {"state", "reason"}
+OPERATOR_LABELS = {"finetune_namespace", "state", "reason"}
 
 # Series from other exporters the bundle joins with (documented as optional dependencies).
 EXTERNAL = {

@@ -47,9 +47,10 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         assert progress["eta"] == "1m35s" and progress["lastCheckpointStep"] == 5 and progress["evalLoss"] == 0.4321
         wide = cluster.run_kubectl("get", "ftj", "prog", "-n", namespace, "-o", "wide")
         header, row = wide.splitlines()[:2]
-        assert header.split() == ["NAME", "STATE", "NODES", "RESTARTS", "AGE", "STEP", "SAMPLES/S", "ETA", "EVAL-LOSS"]
+        assert header.split() == ["NAME", "STATE", "REASON", "NODES", "RESTARTS", "AGE", "STEP", "SAMPLES/S", "ETA",
+                                  "EVAL-LOSS"]
         cols = row.split()
-        assert cols[1:4] == ["Running", "2/2", "0"] and cols[5:] == ["7/20", "25", "1m35s", "0.4321"]
+        assert cols[1:5] == ["Running", "AllRanksRunning", "2/2", "0"] and cols[6:] == ["7/20", "25", "1m35s", "0.4321"]
         # The next step moves the status along.
         m.step.set(9)  # type: ignore[attr-defined]
         wait_for(lambda: jobs.status("prog")["progress"]["step"] == 9, timeout=30, what="step 9 in status")
@@ -58,7 +59,7 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
             kubelet.exit(f"prog-node-{r}", 0)
         jobs.wait_state("prog", "Succeeded")
         row = cluster.run_kubectl("get", "ftj", "prog", "-n", namespace, "-o", "wide").splitlines()[1].split()
-        assert row[1] == "Succeeded" and row[5] == "20/20" and row[7] == "0s", row
+        assert row[1:3] == ["Succeeded", "AllRanksSucceeded"] and row[6] == "20/20" and row[8] == "0s", row
     finally:
         op.stop()
 

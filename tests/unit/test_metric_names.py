@@ -23,8 +23,8 @@ def _families(registry: CollectorRegistry) -> dict[str, tuple[str, set[str]]]:
 
 def test_operator_metrics_match_the_chart_list() -> None:
     m = OperatorMetrics()
-    m.restarts.labels(reason="OOMKilled").inc()
-    m.jobs.labels(state="Running").set(1)
+    m.restarts.labels(finetune_namespace="ml", reason="OOMKilled").inc()
+    m.jobs.labels(finetune_namespace="ml", state="Running").set(1)
     fams = _families(m.registry)
     assert {n for n, (t, _) in fams.items() if t == "counter"} == names.OPERATOR_COUNTERS
     assert {n for n, (t, _) in fams.items() if t == "gauge"} == names.OPERATOR_GAUGES

@@ -124,3 +124,17 @@ def test_an_earlier_attempts_log_is_found_on_the_output_claim() -> None:
     said = jobctl._no_pod(restarted, 0, [1], 2)
     assert "output claim ft-output, at ns/ft/logs/attempt-0/node-<rank>.log" in said
     assert "has not started" in jobctl._no_pod(restarted, 3, [0], 2)
+
+
+def test_the_reason_column_is_derived_in_the_wire_status() -> None:
+    from finetune_operator.failures import Failure
+    from finetune_operator.status import Status
+
+    st = Status()
+    assert "reason" not in st.to_wire()  # no state yet
+    st.set_state("Running", now=NOW, reason="AllRanksRunning", message="attempt 0: 2/2 trainer pods running")
+    assert st.to_wire()["reason"] == "AllRanksRunning"
+    st.failure = Failure("OOMKilled", "the kernel killed rank 1")
+    st.set_state("Failed", now=NOW, reason="RestartsExhausted", message="x")
+    assert st.to_wire()["reason"] == "OOMKilled"  # the failure's own reason, as finetune list shows it
+    assert render.reason(st.to_wire())[0] == "OOMKilled"
