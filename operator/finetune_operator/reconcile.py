@@ -114,6 +114,11 @@ class _Pass:
                 continue
             if p.deletion is None:
                 self.plan.delete.append(PodDelete(p.name, p.uid, grace_seconds=grace_seconds))
+            elif p.node is None and not p.finalizers:
+                # Never scheduled, yet still there while deleting: the API server marks a pod, then removes it, and
+                # died in between. No kubelet runs it and none ever will (a deleting pod cannot be bound), so nothing
+                # else would finish the deletion (kube-controller-manager's pod GC may, much later): finish it.
+                self.plan.delete.append(PodDelete(p.name, p.uid, grace_seconds=0))
             elif self.overdue(p) and (why := self.lost_nodes.get(p.node or "")) is not None:
                 self.plan.delete.append(PodDelete(p.name, p.uid, grace_seconds=0))
                 overdue = (self.now - p.deletion).total_seconds()
@@ -229,7 +234,8 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     if st.admission_retry_time is not None and now < st.admission_retry_time:
         p.plan.requeue_after = (st.admission_retry_time - now).total_seconds()
         return
-    if any(pod.deleting for pod in gang.current):  # the ranks of a refused creation are still going
+    if deleting := [pod for pod in gang.current if pod.deleting]:  # the ranks of a refused creation are still going
+        p.delete(deleting)  # only finishes a deletion the API server left half done
         p.plan.requeue_after = 1.0
         return
     if gang.foreign:  # a deleted namesake's pods still hold the names (checkpointing on SIGTERM, say)

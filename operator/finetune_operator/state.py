@@ -74,6 +74,7 @@ class PodState:
     failure: Failure | None  # failures.classify_pod
     waiting: WaitingProblem | None  # failures.waiting_problem
     node: str | None = None  # spec.nodeName: where it was scheduled
+    finalizers: bool = False  # metadata.finalizers holds something (a deletion then waits for it)
 
     @property
     def deleting(self) -> bool:
@@ -101,7 +102,7 @@ def read_pod(wire: dict[str, Any]) -> PodState:
                     attempt=_label_int(labels, LABEL_ATTEMPT), rank=_label_int(labels, LABEL_RANK),
                     phase=str(status.get("phase") or "Pending"), deletion=parse_ts(meta.get("deletionTimestamp")),
                     ip=status.get("podIP"), failure=classify_pod(wire), waiting=waiting_problem(wire),
-                    node=(wire.get("spec") or {}).get("nodeName"))
+                    node=(wire.get("spec") or {}).get("nodeName"), finalizers=bool(meta.get("finalizers")))
 
 
 def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:

@@ -231,6 +231,35 @@ def test_a_pod_stuck_terminating_on_a_live_node_is_never_force_deleted() -> None
     assert plan.delete == [] and plan.create == [] and plan.status.state == "Restarting"
 
 
+def test_a_pass_that_died_between_its_status_write_and_its_last_delete_is_finished_by_the_next() -> None:
+    """A gang restart writes the status (attempt 1, Restarting) before it deletes the old attempt's pods; the API
+    server going away after the status write and the first delete leaves a rank of attempt 0 alive. The next pass
+    deletes it (the restart is not counted again) and creates nothing until every pod of attempt 0 is gone."""
+    after_status_write = dict(STARTED, attempt=1, restarts=1, state="Restarting", attemptStartTime=None)
+    rank2 = running(2, 0)
+    plan = decided(job(after_status_write, nodes=3), [rank2])
+    assert [d.name for d in plan.delete] == ["ft-node-2"] and plan.create == []
+    assert plan.status.restarts == 1 and plan.status.attempt == 1 and plan.status.state == "Restarting"
+    plan = decided(job(after_status_write, nodes=3), [])  # gone: the attempt starts
+    assert len([o for o in plan.create if o["kind"] == "Pod"]) == 3 and plan.status.restarts == 1
+
+
+def test_a_never_scheduled_pod_left_half_deleted_by_an_api_server_crash_is_finished() -> None:
+    """kube-apiserver deletes an unscheduled pod in two writes (deletionTimestamp, then removal); killed in between,
+    it leaves a pod marked deleting that no kubelet will ever remove (found by the control-plane fault tier: the
+    next attempt then waited for ever). It cannot run anywhere, so the deletion is finished at once, with grace 0; a
+    pod with finalizers is left to them."""
+    restarting = dict(STARTED, attempt=1, state="Restarting", attemptStartTime=None)
+    unbound = _stuck(2, overdue_s=-25)  # its deadline still ahead: no waiting for it
+    del unbound["spec"]
+    held = _stuck(1, overdue_s=-25)
+    del held["spec"]
+    held["metadata"]["finalizers"] = ["example.com/audit"]
+    plan = decided(job(restarting, nodes=3), [unbound, held, _stuck(0, overdue_s=-25)])
+    assert [(d.name, d.grace_seconds) for d in plan.delete] == [("ft-node-2", 0)]
+    assert plan.events == []  # nothing ran: nothing to warn about
+
+
 def test_a_pod_stuck_terminating_on_a_lost_node_is_force_deleted_with_an_event() -> None:
     from finetune_operator.admission import Observed
 
