@@ -94,6 +94,19 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "priorityClassName": "system-cluster-critical",
         "metrics": {"serviceMonitor": {"enabled": True}},
     },
+    "hardened-openshift": {
+        "replicaCount": 2,
+        "revisionHistoryLimit": 3,
+        "commonLabels": {"example.com/cost-center": "ml-42"},
+        "commonAnnotations": {"example.com/owner": "platform-team"},
+        "podDisruptionBudget": {"enabled": True},
+        "openshift": {"enabled": True},
+        "networkPolicy": {"enabled": True, "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
+        "metrics": {"serviceMonitor": {"enabled": True}, "service": {"annotations": {"example.com/scrape": "yes"}}},
+        "prometheusRule": {"enabled": True},
+        "dashboard": {"enabled": True},
+    },
 }
 
 

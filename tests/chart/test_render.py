@@ -165,7 +165,11 @@ def test_restricted_pod_security_and_labels(helm: Helm, name: str, tmp_path: Pat
     docs = helm.render(VALUE_SETS[name], tmp=tmp_path)
     for spec in _pod_specs(docs):
         psc = spec["securityContext"]
-        assert psc["runAsNonRoot"] is True and isinstance(psc["runAsUser"], int) and psc["runAsUser"] > 0
+        assert psc["runAsNonRoot"] is True
+        if name == "hardened-openshift":  # the platform assigns the UID (restricted SCC)
+            assert "runAsUser" not in psc
+        else:
+            assert isinstance(psc["runAsUser"], int) and psc["runAsUser"] > 0
         assert psc["seccompProfile"]["type"] == "RuntimeDefault"
         for c in spec["containers"]:
             sc = c["securityContext"]
@@ -305,3 +309,54 @@ def test_operator_watches_only_trainer_pods() -> None:
     jobs = kopf.Resource(group="finetune.dev", version="v1alpha1", plural="finetunejobs", kind="FineTuneJob",
                     namespaced=True)
     assert list(settings.watching.label_selectors.collect(jobs)) == []
+
+
+def test_common_labels_and_annotations_reach_every_object_and_their_own_annotations_stay(helm: Helm) -> None:
+    docs = helm.render(VALUE_SETS["hardened-openshift"])
+    assert len(docs) > 10
+    for d in docs:
+        meta = d["metadata"]
+        what = f"{d['kind']} {meta['name']}"
+        assert meta["labels"]["example.com/cost-center"] == "ml-42", what
+        assert meta["annotations"]["example.com/owner"] == "platform-team", what
+    (svc,) = [d for d in docs if d["kind"] == "Service"]
+    assert svc["metadata"]["annotations"]["example.com/scrape"] == "yes"
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["metadata"]["labels"]["example.com/cost-center"] == "ml-42"
+    default = helm.render({})
+    assert not any("annotations" in d["metadata"] and not d["metadata"]["annotations"] for d in default)
+
+
+def test_deployment_history_readiness_and_openshift_ids(helm: Helm) -> None:
+    (dep,) = [d for d in helm.render(VALUE_SETS["hardened-openshift"]) if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["revisionHistoryLimit"] == 3
+    (c,) = pod["containers"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # OpenShift's restricted SCC assigns the UID: none is fixed, the restricted PSS fields stay
+    assert "runAsUser" not in pod["securityContext"] and "runAsGroup" not in pod["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    (dep,) = [d for d in helm.render({}) if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 65532
+    assert dep["spec"]["revisionHistoryLimit"] == 10
+    (dep,) = [d for d in helm.render({"health": {"port": 0}}) if d["kind"] == "Deployment"]
+    assert "readinessProbe" not in dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_operator_disruption_budget_and_network_policy(helm: Helm, tmp_path: Path) -> None:
+    docs = helm.render(VALUE_SETS["hardened-openshift"])
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    (np,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    ingress_ports = [p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]]
+    assert ingress_ports == ["metrics", "health"]
+    assert np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"}
+    egress_ports = sorted(p["port"] for rule in np["spec"]["egress"] for p in rule["ports"])
+    assert egress_ports == [53, 53, 443, 6443, 9400]
+    assert not [d for d in helm.render({}) if d["kind"] in ("PodDisruptionBudget", "NetworkPolicy")]
+    refused = helm.template({"podDisruptionBudget": {"enabled": True}}, check=False)
+    assert refused.returncode != 0 and "would block every node drain" in refused.stderr
+    ok = helm.render({"podDisruptionBudget": {"enabled": True, "maxUnavailable": 1}})
+    assert [d["spec"] for d in ok if d["kind"] == "PodDisruptionBudget"][0]["maxUnavailable"] == 1

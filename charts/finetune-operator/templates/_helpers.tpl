@@ -40,6 +40,29 @@ helm.sh/chart: {{ include "finetune-operator.chart" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: finetune-operator
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The annotations block of an object: commonAnnotations and the object's own ("extra", which win); nothing when
+both are empty. Usage: {{- with include "finetune-operator.annotations" (dict "root" $ "extra" X) }}{{ . | nindent 2 }}{{- end }} */}}
+{{- define "finetune-operator.annotations" -}}
+{{- $all := merge (dict) (default (dict) .extra) (default (dict) .root.Values.commonAnnotations) }}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A security context; with openshift.enabled without the fixed IDs, which OpenShift's restricted SCC assigns per
+namespace (it refuses a runAsUser outside the namespace's range). */}}
+{{- define "finetune-operator.securityContext" -}}
+{{- $ctx := deepCopy (default (dict) .context) }}
+{{- if .root.Values.openshift.enabled }}
+{{- $ctx = omit $ctx "runAsUser" "runAsGroup" "fsGroup" }}
+{{- end }}
+{{- toYaml $ctx }}
 {{- end }}
 
 {{- define "finetune-operator.serviceAccountName" -}}
