@@ -353,10 +353,15 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     pt = spec.pod_template
     if pt.service_account_name:
         pod_spec["serviceAccountName"] = pt.service_account_name
-    if pt.node_selector:
-        pod_spec["nodeSelector"] = dict(pt.node_selector)
-    if pt.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in pt.tolerations]
+    # The platform's defaults (Helm trainer.*) under the job's own: its node labels win key by key, tolerations and
+    # pull secrets add up, its priority class is used when the job names none.
+    node_selector = {**dict(settings.trainer_node_selector), **dict(pt.node_selector or {})}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    tolerations = [dict(t) for t in pt.tolerations or ()]
+    tolerations += [dict(t) for t in settings.trainer_tolerations if dict(t) not in tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     affinity = dict(pt.affinity or {})
     if spec.nodes > 1 and spec.gpus_per_node > 0 and not spec.mig and "podAntiAffinity" not in affinity:
         # One trainer per machine for multi-node GPU jobs (whole GPUs): ranks on one node would share its PCIe
@@ -367,12 +372,14 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
             "topologyKey": "kubernetes.io/hostname"}]}
     if affinity:
         pod_spec["affinity"] = affinity
-    if pt.priority_class_name:
-        pod_spec["priorityClassName"] = pt.priority_class_name
+    if pt.priority_class_name or settings.trainer_priority_class:
+        pod_spec["priorityClassName"] = pt.priority_class_name or settings.trainer_priority_class
     if pt.scheduler_name:
         pod_spec["schedulerName"] = pt.scheduler_name
-    if pt.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in pt.image_pull_secrets]
+    pull_secrets = list(pt.image_pull_secrets or ())
+    pull_secrets += [s for s in settings.trainer_image_pull_secrets if s not in pull_secrets]
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(ref, name, labels, annotations or None),
             "spec": pod_spec}
 

@@ -55,6 +55,15 @@ def _peers(name: str) -> tuple[dict[str, Any], ...]:
     return tuple(peers)
 
 
+def _json_env(name: str, kind: type, what: str) -> Any:
+    """A JSON value of type ``kind`` from the environment (the chart writes it with toJson); empty: ``kind()``."""
+    raw = os.environ.get(name, "").strip()
+    value = json.loads(raw) if raw else kind()
+    if not isinstance(value, kind):
+        raise ValueError(f"{name}: expected {what}, got {raw!r}")
+    return value
+
+
 def _list(name: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in os.environ.get(name, "").split(",") if x.strip())
 
@@ -94,6 +103,11 @@ class Settings:
     # from metrics_from (NetworkPolicyPeers; empty: from anywhere), nothing else reaches the trainer pods.
     network_policy: bool = True
     metrics_from: tuple[dict[str, Any], ...] = ()
+    # Platform defaults for every trainer pod (builders.build_pod): the job's own values win where both set one.
+    trainer_node_selector: tuple[tuple[str, str], ...] = ()  # merged under the job's spec.podTemplate.nodeSelector
+    trainer_tolerations: tuple[dict[str, Any], ...] = ()  # added to the job's tolerations
+    trainer_priority_class: str = ""  # when the job sets no priorityClassName
+    trainer_image_pull_secrets: tuple[str, ...] = ()  # added to the job's imagePullSecrets
 
     def trainer_image(self, *, acceleration: str, image: str | None) -> str:
         """The trainer image of a job: its own ``spec.image``, else the ONNX Runtime image for ``ort`` (the only
@@ -132,4 +146,9 @@ class Settings:
             max_gpus_per_namespace=_int("FINETUNE_MAX_GPUS_PER_NAMESPACE", 0),
             network_policy=os.environ.get("FINETUNE_NETWORK_POLICY", "true").lower() not in ("0", "false", "no"),
             metrics_from=_peers("FINETUNE_NETWORK_POLICY_METRICS_FROM"),
+            trainer_node_selector=tuple(sorted((str(k), str(v)) for k, v in _json_env(
+                "FINETUNE_TRAINER_NODE_SELECTOR", dict, "a JSON object of node labels").items())),
+            trainer_tolerations=tuple(_json_env("FINETUNE_TRAINER_TOLERATIONS", list, "a JSON list of tolerations")),
+            trainer_priority_class=os.environ.get("FINETUNE_TRAINER_PRIORITY_CLASS", ""),
+            trainer_image_pull_secrets=_list("FINETUNE_TRAINER_IMAGE_PULL_SECRETS"),
         )

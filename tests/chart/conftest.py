@@ -101,6 +101,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "commonAnnotations": {"example.com/owner": "platform-team"},
         "podDisruptionBudget": {"enabled": True},
         "openshift": {"enabled": True},
+        "trainer": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training",
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "imagePullSecrets": ["registry-cred"]},
         "networkPolicy": {"enabled": True, "metricsFrom": [
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
         "metrics": {"serviceMonitor": {"enabled": True}, "service": {"annotations": {"example.com/scrape": "yes"}}},

@@ -360,3 +360,17 @@ def test_operator_disruption_budget_and_network_policy(helm: Helm, tmp_path: Pat
     assert refused.returncode != 0 and "would block every node drain" in refused.stderr
     ok = helm.render({"podDisruptionBudget": {"enabled": True, "maxUnavailable": 1}})
     assert [d["spec"] for d in ok if d["kind"] == "PodDisruptionBudget"][0]["maxUnavailable"] == 1
+
+
+def test_platform_defaults_for_trainer_pods_reach_the_operator(helm: Helm) -> None:
+    """trainer.nodeSelector/tolerations/priorityClassName/imagePullSecrets become the operator's env, in the forms
+    Settings.from_env reads (a unit test checks what the operator builds from them)."""
+    import json
+
+    (dep,) = [d for d in helm.render(VALUE_SETS["hardened-openshift"]) if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env["FINETUNE_TRAINER_NODE_SELECTOR"]) == {"pool": "gpu"}
+    assert json.loads(env["FINETUNE_TRAINER_TOLERATIONS"]) == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert env["FINETUNE_TRAINER_PRIORITY_CLASS"] == "training"
+    assert env["FINETUNE_TRAINER_IMAGE_PULL_SECRETS"] == "registry-cred"

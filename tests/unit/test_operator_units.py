@@ -97,6 +97,34 @@ def test_env_contract_world_size_counts_processes() -> None:
     assert env["FINETUNE_ATTEMPT"] == "5" and env["MASTER_ADDR"] == "ft-node-0.ft"
 
 
+def test_platform_defaults_for_trainer_pods_sit_under_the_jobs_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's trainer.nodeSelector/tolerations/priorityClassName/imagePullSecrets, read from the env the chart
+    writes: the job's node labels win key by key, tolerations and pull secrets add up, the priority class is the
+    job's when it names one."""
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    monkeypatch.setenv("FINETUNE_TRAINER_NODE_SELECTOR", '{"pool": "gpu", "zone": "a"}')
+    monkeypatch.setenv("FINETUNE_TRAINER_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", '
+                       '"effect": "NoSchedule"}]')
+    monkeypatch.setenv("FINETUNE_TRAINER_PRIORITY_CLASS", "training")
+    monkeypatch.setenv("FINETUNE_TRAINER_IMAGE_PULL_SECRETS", "registry-cred")
+    settings = Settings.from_env()
+    bare = build_pod(REF, parse_spec(base_spec()), rank=0, attempt=0, settings=settings)["spec"]
+    assert bare["nodeSelector"] == {"pool": "gpu", "zone": "a"} and bare["tolerations"] == [gpu]
+    assert bare["priorityClassName"] == "training" and bare["imagePullSecrets"] == [{"name": "registry-cred"}]
+    spot = {"key": "spot", "operator": "Exists"}
+    own = parse_spec(base_spec(podTemplate={"nodeSelector": {"zone": "b"}, "tolerations": [spot, gpu],
+                                            "priorityClassName": "urgent",
+                                            "imagePullSecrets": [{"name": "team-cred"}]}))
+    mine = build_pod(REF, own, rank=0, attempt=0, settings=settings)["spec"]
+    assert mine["nodeSelector"] == {"pool": "gpu", "zone": "b"}
+    assert mine["tolerations"] == [spot, gpu]  # no duplicate of the platform's
+    assert mine["priorityClassName"] == "urgent"
+    assert mine["imagePullSecrets"] == [{"name": "team-cred"}, {"name": "registry-cred"}]
+    monkeypatch.setenv("FINETUNE_TRAINER_TOLERATIONS", '{"not": "a list"}')
+    with pytest.raises(ValueError, match="FINETUNE_TRAINER_TOLERATIONS: expected a JSON list"):
+        Settings.from_env()
+
+
 def test_pod_is_restricted_and_uses_references_for_secrets() -> None:
     spec = parse_spec(base_spec(nodes=2, hfTokenSecretRef={"name": "hf"}, resources={"limits": {"nvidia.com/gpu": 1}},
                                 queueName="team-a"))
