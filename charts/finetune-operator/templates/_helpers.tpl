@@ -74,20 +74,24 @@ namespace (it refuses a runAsUser outside the namespace's range). */}}
 {{- end }}
 
 {{- define "finetune-operator.image" -}}
-{{- $tag := default .Chart.AppVersion .Values.image.tag }}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- include "finetune-operator.imageRef" (dict "root" . "image" .Values.image) }}
+{{- end }}
+
+{{/* repository@digest when a digest is set (a released chart pins them), else repository:tag (tag: appVersion). */}}
+{{- define "finetune-operator.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
 {{- end }}
 {{- end }}
 
 {{- define "finetune-operator.trainerImage" -}}
-{{- printf "%s:%s" .Values.trainer.image.repository (default .Chart.AppVersion .Values.trainer.image.tag) }}
+{{- include "finetune-operator.imageRef" (dict "root" . "image" .Values.trainer.image) }}
 {{- end }}
 
 {{- define "finetune-operator.trainerOrtImage" -}}
-{{- printf "%s:%s" .Values.trainer.ortImage.repository (default .Chart.AppVersion .Values.trainer.ortImage.tag) }}
+{{- include "finetune-operator.imageRef" (dict "root" . "image" .Values.trainer.ortImage) }}
 {{- end }}
 
 {{/* Validated watched namespaces: required, and only meaningful, for rbac.scope=namespaced. */}}
