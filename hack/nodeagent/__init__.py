@@ -8,7 +8,8 @@ What it does, like a kubelet: registers a ``Node`` (Ready, capacity, a heartbeat
 ``kube-node-lease`` and node status every 10 s); binds unscheduled FineTuneJob pods (label
 ``finetune.dev/job-name``, no ``nodeName``) to itself through the ``Binding`` subresource; runs each pod's
 single container as local processes — command/args/env from the pod spec (``valueFrom`` configMap/secret keys
-resolved), volumes materialised, in a network namespace of its own (veth to the agent's bridge,
+resolved), volumes materialised, the image's samples at ``/opt/finetune/samples`` (as the trainer images link
+them), in a network namespace of its own (veth to the agent's bridge,
 ``10.200.<k>.<n>/24``), a mount namespace (bind mounts put ``/etc/finetune``, ``/output``, ``/workspace``,
 ``/tmp``, ``/dev/shm``, ``/dev/termination-log``, ``/etc/hosts``, ``/etc/hostname``, ``/etc/resolv.conf`` where
 the pod expects them), a UTS namespace (hostname = ``spec.hostname``) and a PID namespace (the command is PID 1;

@@ -30,6 +30,7 @@ log = logging.getLogger("nodeagent")
 
 JOB_LABEL = "finetune.dev/job-name"
 TERMINATION_LOG = "/dev/termination-log"
+IMAGE_SAMPLES = "/opt/finetune/samples"  # where the trainer images link finetune_trainer/samples
 STAGE = "/run/finetune-nodeagent-stage"  # an empty host directory; a private tmpfs inside each pod
 MAX_MESSAGE = 4096  # kubelet: termination message cap per container
 FALLBACK_LINES, FALLBACK_BYTES = 80, 2048  # kubelet: FallbackToLogsOnError takes this much of the log tail
@@ -483,6 +484,11 @@ class NodeAgent:
         resolv.write_text(f"search {run.namespace}.svc.cluster.local svc.cluster.local cluster.local\n"
                           "nameserver 127.0.0.1\noptions ndots:5 timeout:1 attempts:1\n")
         plan: list[tuple[str, str, bool, bool, str | None]] = []  # (source, target, is_dir, ro, tmpfs size)
+        # Files the image ships at a fixed path: the trainer package's samples, as the images link them
+        # (trainer-image/Dockerfile*); first, so a volume may still mount over them.
+        samples = sorted(self.venv_for(run.image).glob("lib/python*/site-packages/finetune_trainer/samples"))
+        if samples:
+            plan.append((str(samples[0]), IMAGE_SAMPLES, True, True, None))
         for m in sorted(c.volume_mounts or [], key=lambda m: m.mount_path.rstrip("/").count("/")):
             src, size = volumes[m.name]
             if src != "tmpfs" and m.sub_path:

@@ -283,7 +283,11 @@ def test_notes_show_a_first_job(helm: Helm) -> None:
         "--set=rbac.watchNamespaces={team-a}",
     ).stdout
     notes = out[out.index("NOTES:") :]
-    assert "kind: FineTuneJob" in notes and "kubectl -n team-a get ftj smoke" in notes, notes
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    manifest = f"https://raw.githubusercontent.com/finetune-operator/finetune-operator/v{version}/examples/quickstart.yaml"
+    assert f"kubectl -n team-a apply -f {manifest}" in notes, notes
+    assert "kubectl -n team-a get ftj quickstart -w" in notes
+    assert (ROOT / "examples" / "quickstart.yaml").exists()  # the file that URL serves at the release's tag
 
 
 def test_operator_disables_kopf_scanning() -> None:

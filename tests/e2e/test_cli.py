@@ -7,6 +7,7 @@ Mocked: the kubelet and the container runtime (the node agent stands in for both
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,3 +61,18 @@ def test_submit_follow_streams_rank_0_until_the_end_and_every_ranks_log_stays(e2
         assert text.rstrip().endswith(copy.rstrip()), (rank, copy[-500:], text[-500:])
     missing = finetune(cluster, "logs", "follow", "--attempt", "3", *ns)
     assert missing.returncode == 2 and "attempt 3 has not started" in missing.stderr
+
+
+def test_the_quickstart_manifest_runs_on_what_the_trainer_image_ships(e2e: E2E, cluster: Any) -> None:
+    """examples/quickstart.yaml as the chart's NOTES print it: nothing from a checkout, the sample model and data
+    from the image (/opt/finetune/samples), the output claim created from the job's template."""
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    r = finetune(cluster, "submit", str(quickstart), "-n", e2e.namespace, "--follow", timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:], e2e.diagnostics())
+    assert r.stdout.strip().splitlines()[-1].startswith("quickstart: Succeeded — AllRanksSucceeded")
+    claim = e2e.jobs.core.read_namespaced_persistent_volume_claim("quickstart-output", e2e.namespace)
+    assert claim.metadata.owner_references[0].name == "quickstart"
+    out = e2e.claims / e2e.namespace / "quickstart-output" / e2e.namespace / "quickstart"
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 60, result
+    assert (out / "model" / "config.json").exists() and (out / "logs" / "attempt-0" / "node-0.log").exists()

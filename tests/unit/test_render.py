@@ -138,3 +138,20 @@ def test_the_reason_column_is_derived_in_the_wire_status() -> None:
     st.set_state("Failed", now=NOW, reason="RestartsExhausted", message="x")
     assert st.to_wire()["reason"] == "OOMKilled"  # the failure's own reason, as finetune list shows it
     assert render.reason(st.to_wire())[0] == "OOMKilled"
+
+
+def test_the_samples_the_trainer_image_ships_are_the_tiny_examples() -> None:
+    """examples/quickstart.yaml trains on finetune_trainer/samples (the images link it at /opt/finetune/samples):
+    copies of examples/tiny, kept equal here."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    samples = root / "trainer-image" / "src" / "finetune_trainer" / "samples"
+    for copy_dir, source_dir in (("tiny-bert", "bert"), ("tiny-data", "data")):
+        files = sorted(p.name for p in (samples / copy_dir).iterdir())
+        assert files, copy_dir
+        for name in files:
+            source = root / "examples" / "tiny" / source_dir / name
+            assert (samples / copy_dir / name).read_bytes() == source.read_bytes(), name
+    quickstart = (root / "examples" / "quickstart.yaml").read_text()
+    assert "/opt/finetune/samples/tiny-bert" in quickstart and "/opt/finetune/samples/tiny-data" in quickstart
