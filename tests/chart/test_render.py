@@ -148,9 +148,10 @@ def test_dashboard_configmap_is_the_file(helm: Helm) -> None:
     assert cm["data"]["finetune-jobs.json"] == (CHART / "files" / "dashboard.json").read_text().rstrip("\n")
 
 
-@pytest.mark.parametrize("module", ["hack.helmtools.dashboard", "hack.helmtools.crd_reference"])
+@pytest.mark.parametrize("module", ["hack.helmtools.dashboard", "hack.helmtools.crd_reference",
+                                    "hack.helmtools.chart_readme"])
 def test_generated_files_are_current(module: str) -> None:
-    """charts/.../files/dashboard.json and docs/reference.md are generated; regenerate with
+    """charts/.../files/dashboard.json, docs/reference.md and the chart's README are generated; regenerate with
     `python -m <module>` (make generate)."""
     proc = subprocess.run([sys.executable, "-m", module, "--check"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
