@@ -106,7 +106,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                     "imagePullSecrets": ["registry-cred"]},
         "networkPolicy": {"enabled": True, "metricsFrom": [
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
-        "metrics": {"serviceMonitor": {"enabled": True}, "service": {"annotations": {"example.com/scrape": "yes"}}},
+        "metrics": {"serviceMonitor": {"enabled": True, "relabelings": [
+                        {"targetLabel": "cluster", "replacement": "gpu-west", "action": "replace"}]},
+                    "podMonitor": {"enabled": True, "metricRelabelings": [
+                        {"sourceLabels": ["__name__"], "regex": "finetune_train_step_duration_seconds_bucket",
+                         "action": "drop"}]},
+                    "service": {"annotations": {"example.com/scrape": "yes"}}},
         "prometheusRule": {"enabled": True},
         "dashboard": {"enabled": True},
     },

@@ -379,3 +379,14 @@ def test_platform_defaults_for_trainer_pods_reach_the_operator(helm: Helm) -> No
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert env["FINETUNE_TRAINER_PRIORITY_CLASS"] == "training"
     assert env["FINETUNE_TRAINER_IMAGE_PULL_SECRETS"] == "registry-cred"
+
+
+def test_monitor_relabelings(helm: Helm) -> None:
+    docs = helm.render(VALUE_SETS["hardened-openshift"])
+    (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["relabelings"] == [
+        {"targetLabel": "cluster", "replacement": "gpu-west", "action": "replace"}]
+    (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert pm["spec"]["podMetricsEndpoints"][0]["metricRelabelings"][0]["action"] == "drop"
+    (sm,) = [d for d in helm.render({"metrics": {"serviceMonitor": {"enabled": True}}}) if d["kind"] == "ServiceMonitor"]
+    assert "relabelings" not in sm["spec"]["endpoints"][0]
