@@ -158,7 +158,9 @@ def test_generated_files_are_current(module: str) -> None:
 
 
 def _pod_specs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+    """The operator's pod template and the `helm test` pod."""
+    return [d["spec"]["template"]["spec"] if d["kind"] == "Deployment" else d["spec"] for d in docs
+            if d["kind"] in ("Deployment", "Pod")]
 
 
 @pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
@@ -390,3 +392,19 @@ def test_monitor_relabelings(helm: Helm) -> None:
     assert pm["spec"]["podMetricsEndpoints"][0]["metricRelabelings"][0]["action"] == "drop"
     (sm,) = [d for d in helm.render({"metrics": {"serviceMonitor": {"enabled": True}}}) if d["kind"] == "ServiceMonitor"]
     assert "relabelings" not in sm["spec"]["endpoints"][0]
+
+
+def test_helm_test_checks_the_api_and_the_metrics_as_the_operator(helm: Helm) -> None:
+    """`helm test` runs, with the operator's ServiceAccount and image, `finetune list` in a namespace it may read and
+    a fetch of its metrics (a pod needs a kubelet, so here it is rendered and, in test_cluster, dry-run by the API
+    server under the restricted Pod Security Standard)."""
+    (pod,) = [d for d in helm.render({}) if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["serviceAccountName"] == "finetune-operator"
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert script.startswith("finetune list -n finetune-system")
+    assert "finetune-operator-metrics.finetune-system.svc:8080/metrics" in script
+    (pod,) = [d for d in helm.render(VALUE_SETS["namespaced"]) if d["kind"] == "Pod"]
+    assert pod["spec"]["containers"][0]["args"][0].startswith("finetune list -n team-a")
+    (pod,) = [d for d in helm.render(VALUE_SETS["standalone-minimal"]) if d["kind"] == "Pod"]
+    assert "metrics" not in pod["spec"]["containers"][0]["args"][0]
