@@ -1,7 +1,8 @@
 """Pure builders: a parsed FineTuneJob in, Kubernetes objects (plain dicts) out. No I/O here.
 
-Objects per job J with N nodes (trainer-image/README.md, "Env contract"): headless Service ``J``, ConfigMap
-``J-config`` with the trainer's config JSON, and Pods ``J-node-0 … J-node-(N-1)`` carrying the rendezvous env contract.
+Objects per job J with N nodes (docs/architecture.md, "Names and objects"; trainer-image/README.md, "Env
+contract"): headless Service ``J``, ConfigMap ``J-config`` with the trainer's config JSON, and Pods
+``J-node-0 … J-node-(N-1)`` carrying the rendezvous env contract.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ deleted and must be gone before the next attempt is created under the same names
 A pass walks the phases in order, each a small function over the typed state (state.Job, state.Gang,
 status.Status): a finished job stays finished; a spec the operator will not run is refused; a suspended job
 holds no pods; the deadline; an earlier attempt's pods go first; an attempt not created yet is admitted and
-created; a created one is watched for failure, success, running, or ranks that wait.
+created; a created one is watched for failure, success, running, or ranks that wait. The states and their
+transitions: docs/architecture.md, "Lifecycle"; one pass step by step: docs/design.md.
 """
 
 from __future__ import annotations

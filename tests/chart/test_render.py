@@ -366,7 +366,7 @@ def test_operator_disruption_budget_and_network_policy(helm: Helm, tmp_path: Pat
     refused = helm.template({"podDisruptionBudget": {"enabled": True}}, check=False)
     assert refused.returncode != 0 and "would block every node drain" in refused.stderr
     ok = helm.render({"podDisruptionBudget": {"enabled": True, "maxUnavailable": 1}})
-    assert [d["spec"] for d in ok if d["kind"] == "PodDisruptionBudget"][0]["maxUnavailable"] == 1
+    assert next(d["spec"] for d in ok if d["kind"] == "PodDisruptionBudget")["maxUnavailable"] == 1
 
 
 def test_platform_defaults_for_trainer_pods_reach_the_operator(helm: Helm) -> None:
@@ -390,7 +390,8 @@ def test_monitor_relabelings(helm: Helm) -> None:
         {"targetLabel": "cluster", "replacement": "gpu-west", "action": "replace"}]
     (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
     assert pm["spec"]["podMetricsEndpoints"][0]["metricRelabelings"][0]["action"] == "drop"
-    (sm,) = [d for d in helm.render({"metrics": {"serviceMonitor": {"enabled": True}}}) if d["kind"] == "ServiceMonitor"]
+    plain = helm.render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    (sm,) = [d for d in plain if d["kind"] == "ServiceMonitor"]
     assert "relabelings" not in sm["spec"]["endpoints"][0]
 
 
@@ -408,3 +409,18 @@ def test_helm_test_checks_the_api_and_the_metrics_as_the_operator(helm: Helm) ->
     assert pod["spec"]["containers"][0]["args"][0].startswith("finetune list -n team-a")
     (pod,) = [d for d in helm.render(VALUE_SETS["standalone-minimal"]) if d["kind"] == "Pod"]
     assert "metrics" not in pod["spec"]["containers"][0]["args"][0]
+
+
+def test_every_alerts_runbook_is_a_heading_of_this_repositorys_troubleshooting_guide(helm: Helm) -> None:
+    """runbook_url points at docs/troubleshooting.md#<alert in lower case> on this repository: the anchor must be a
+    heading there (GitHub's anchors: lower case, punctuation dropped, spaces to dashes)."""
+    rule = one(helm.render(VALUE_SETS["monitoring-ha"]), "PrometheusRule")
+    headings = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                for line in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines() if line.startswith("#")}
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert rules
+    for r in rules:
+        url = r["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "https://github.com/finetune-operator/finetune-operator/blob/main/docs/troubleshooting.md"
+        assert anchor == r["alert"].lower() and anchor in headings, (r["alert"], sorted(headings))
