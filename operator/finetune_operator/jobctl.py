@@ -251,7 +251,8 @@ class _LogFollower(threading.Thread):
     def __init__(self, ctx: Context, ns: str, name: str, write: Callable[[str], None]) -> None:
         super().__init__(daemon=True, name="log-follower")
         self.ctx, self.ns, self.name, self.write = ctx, ns, name, write
-        self.done = threading.Event()
+        self.done = threading.Event()  # stop now
+        self.finishing = threading.Event()  # the job ended: stop once no rank 0 log is left to stream
         self.followed: set[str] = set()  # pod uids whose log was streamed to its end
 
     def run(self) -> None:
@@ -259,6 +260,8 @@ class _LogFollower(threading.Thread):
             pod = next((p for p in _pods(self.ctx, self.ns, self.name) if _labels(p).get(LABEL_RANK) == "0"
                         and p["metadata"]["uid"] not in self.followed and _started(p)), None)
             if pod is None:
+                if self.finishing.is_set():
+                    return
                 self.done.wait(self.ctx.poll_seconds)
                 continue
             attempt = _labels(pod).get(LABEL_ATTEMPT)
@@ -299,8 +302,9 @@ def follow(ctx: Context, ns: str, name: str, *, uid: str | None = None, logs: bo
                 if st.get("state") in TERMINAL:
                     break
                 time.sleep(ctx.poll_seconds)
-            if follower is not None:
-                follower.join(timeout=10)  # the last lines of rank 0, then its stream ends with the container
+            if follower is not None:  # the last lines of rank 0: its stream ends with the container
+                follower.finishing.set()
+                follower.join(timeout=30)
     finally:
         if follower is not None:
             follower.done.set()
