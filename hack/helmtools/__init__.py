@@ -34,6 +34,21 @@ class Tools:
         return sorted((self.root / "crds").glob("monitoring.coreos.com_*.yaml"))
 
 
+def write_or_check(out: Path, text: str, *, module: str, argv: list[str], root: Path) -> int:
+    """The main of a generator: write ``out``, or with ``--check`` exit 1 when it differs from ``text``."""
+    import sys
+
+    if "--check" in argv:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out.relative_to(root)} is stale: run python -m {module}", file=sys.stderr)
+            return 1
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out.relative_to(root)}")
+    return 0
+
+
 def tools_dir() -> Path:
     return Path(
         subprocess.run(["bash", str(BUILD), "--path"], check=True, capture_output=True, text=True).stdout.strip()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from hack.helmtools import write_or_check
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "finetune-operator"
 OUT = CHART / "README.md"
@@ -95,15 +97,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python -m hack.helmtools.chart_readme", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check(OUT, render(), module="hack.helmtools.chart_readme", argv=argv, root=ROOT)
 
 
 if __name__ == "__main__":

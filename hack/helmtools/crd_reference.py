@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from hack.helmtools import write_or_check
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "finetune.dev_finetunejobs.yaml"
 OUT = ROOT / "docs" / "reference.md"
@@ -160,16 +162,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python -m hack.helmtools.crd_reference", file=sys.stderr)
-            return 1
-        return 0
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check(OUT, render(), module="hack.helmtools.crd_reference", argv=argv, root=ROOT)
 
 
 if __name__ == "__main__":

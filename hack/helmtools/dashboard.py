@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hack.helmtools import write_or_check
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "charts" / "finetune-operator" / "files" / "dashboard.json"
 
@@ -318,15 +320,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python -m hack.helmtools.dashboard", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check(OUT, render(), module="hack.helmtools.dashboard", argv=argv, root=ROOT)
 
 
 if __name__ == "__main__":
