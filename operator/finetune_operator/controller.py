@@ -54,7 +54,6 @@ class Controller:
         self._due: dict[Key, float] = {}
         self._dirty: set[Key] = set()  # jobs with a watch event that no pass has looked at yet
         self._states: dict[Key, str] = {}
-        self._exported_namespaces: set[str] = set()
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
         # Rank 0's metrics, read off the reconcile path (finetune_operator.scrape); a finished scrape asks for a pass.
         self.scraper = Scraper(interval=settings.progress_interval_seconds, on_done=lambda key: self.requeue(key, 0))
@@ -83,24 +82,19 @@ class Controller:
             self._dirty.discard(key)
             self._states.pop(key, None)
             self._passed.pop(key, None)
-        self._export_states()
+        self._export_states(key[0])
 
-    def _export_states(self) -> None:
-        """finetune_operator_jobs per namespace and state (zeros too, so an alert on a namespace resolves); the series
-        of a namespace without jobs any more are removed."""
-        counts: dict[tuple[str, str], int] = {}
+    def _export_states(self, namespace: str) -> None:
+        """finetune_operator_jobs of one namespace, by state (zeros too, so an alert on the namespace resolves); its
+        series go with its last job."""
         with self._guard:
-            for (ns, _), s in self._states.items():
-                counts[(ns, s)] = counts.get((ns, s), 0) + 1
-            namespaces = {ns for ns, _ in counts}
-            for ns in self._exported_namespaces - namespaces:
-                for state in STATES:
+            states = [s for (ns, _), s in self._states.items() if ns == namespace]
+            for state in STATES:
+                if states:
+                    self.metrics.jobs.labels(finetune_namespace=namespace, state=state).set(states.count(state))
+                else:
                     with contextlib.suppress(KeyError):
-                        self.metrics.jobs.remove(ns, state)
-            self._exported_namespaces = namespaces
-            for ns in namespaces:
-                for state in STATES:
-                    self.metrics.jobs.labels(finetune_namespace=ns, state=state).set(counts.get((ns, state), 0))
+                        self.metrics.jobs.remove(namespace, state)
 
     # -- one pass ------------------------------------------------------------------------------------
 
@@ -294,7 +288,7 @@ class Controller:
             log.info("%s/%s: %s -> %s", namespace, name, job.status.state, new_state)
         with self._guard:
             self._states[key] = new_state
-        self._export_states()
+        self._export_states(namespace)
         if plan.requeue_after is not None:
             self.requeue(key, plan.requeue_after)
         return plan

@@ -59,9 +59,8 @@ def connect(args: argparse.Namespace) -> Context:
     try:
         api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
         try:
-            _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+            contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
             if args.context:
-                contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
                 active = next((c for c in contexts if c["name"] == args.context), active)
             ctx_ns = (active.get("context") or {}).get("namespace")
         except (config.ConfigException, KeyError, TypeError):

@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from finetune_operator.status import FAILED, RUNNING, STATE_CONDITION, SUCCEEDED, SUSPENDED, parse_ts
+from finetune_operator.status import FAILED, RUNNING, SUCCEEDED, SUSPENDED, Status, parse_ts
 
 STYLE = {RUNNING: "green", SUCCEEDED: "bold green", FAILED: "bold red", "Restarting": "yellow", SUSPENDED: "cyan"}
 
@@ -35,16 +35,9 @@ def age(ts: str | None, now: datetime) -> str:
 
 
 def reason(status: dict[str, Any]) -> tuple[str, str]:
-    """Why the job is in its state: (reason, message), from the failure or the condition that explains the state."""
-    state = status.get("state") or "Pending"
-    if state == FAILED and status.get("failure"):
-        f = status["failure"]
-        return str(f.get("reason") or ""), str(f.get("message") or "")
-    want = STATE_CONDITION.get(state)
-    for c in status.get("conditions") or []:
-        if c.get("type") == want:
-            return str(c.get("reason") or ""), str(c.get("message") or "")
-    return "", ""
+    """Why the job is in its state: (reason, message), as the operator derives status.reason (Status.explanation);
+    derived again here, so a status an older operator wrote reads the same."""
+    return Status.from_wire(status).explanation()
 
 
 def progress_line(progress: dict[str, Any] | None) -> str:

@@ -187,13 +187,17 @@ class Status:
 
     # -- conditions ---------------------------------------------------------------------------------
 
-    def reason(self) -> str:
-        """Why the job is in its state, in one word: the failure's reason for a failed job, else the reason of the
-        condition that explains the state ('' when none does yet)."""
+    def explanation(self) -> tuple[str, str]:
+        """Why the job is in its state, (reason, message): the failure's for a failed job, else those of the condition
+        that explains the state (empty when none does yet)."""
         if self.state == FAILED and self.failure is not None:
-            return self.failure.reason
+            return self.failure.reason, self.failure.message
         c = self.condition(STATE_CONDITION.get(self.state or PENDING, ""))
-        return c.reason if c is not None else ""
+        return (c.reason, c.message) if c is not None else ("", "")
+
+    def reason(self) -> str:
+        """The one-word reason of :meth:`explanation` (status.reason, the Reason column)."""
+        return self.explanation()[0]
 
     def condition(self, ctype: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == ctype), None)
