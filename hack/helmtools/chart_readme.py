@@ -45,10 +45,10 @@ unknown keys and wrong types.
 """
 
 
-def _rows(lines: list[str]) -> list[tuple[str, str, str]]:
-    """(dotted key, default as YAML/JSON, comment) for every value with a ``# --`` comment (a documented map's keys
+def _rows(lines: list[str]) -> list[tuple[str, str]]:
+    """(dotted key, comment) for every value with a ``# --`` comment (a documented map's keys
     are covered by it and not listed)."""
-    rows: list[tuple[str, str, str]] = []
+    rows: list[tuple[str, str]] = []
     stack: list[tuple[int, str]] = []
     comment: list[str] = []
     collecting = False
@@ -71,7 +71,7 @@ def _rows(lines: list[str]) -> list[tuple[str, str, str]]:
         path = ".".join([k for _, k in stack] + [key])
         stack.append((indent, key))
         if collecting and comment:
-            rows.append((path, "", " ".join(comment)))
+            rows.append((path, " ".join(comment)))
         comment, collecting = [], False
     return rows
 
@@ -90,7 +90,7 @@ def render() -> str:
     values = yaml.safe_load(raw)
     out = [HEAD.format(description=" ".join(chart["description"].split()), version=chart["version"],
                        app_version=chart["appVersion"], kube_version=chart.get("kubeVersion", "any"))]
-    for path, _, comment in _rows(raw.splitlines()):
+    for path, comment in _rows(raw.splitlines()):
         cell = comment.replace("|", "\\|").replace("<", "&lt;")
         out.append(f"| `{path}` | {_default(values, path)} | {cell} |\n")
     return "".join(out)
