@@ -80,7 +80,10 @@ def _recover(e: E2E, job: str, attempt: int, t0: float) -> tuple[float, float, i
 
 def test_rank_sigkill_at_random_steps(e2e: E2E) -> None:
     rng = random.Random(SEED)
-    max_steps = 40 * KILLS + 60  # each attempt adds at most two intervals before its kill: the job outlives them
+    # Each attempt adds at most two intervals before its kill, so the job outlives them; the 240 spare steps keep
+    # every attempt training for a while (tens of seconds on 2 cores) so the operator's 1 s scrape of rank 0 sees it
+    # train even when a loaded machine makes most scrapes miss (a short attempt could finish unseen, unkilled).
+    max_steps = 40 * KILLS + 240
     e2e.jobs.create(tiny_job("kills", maxRestarts=KILLS, terminationGracePeriodSeconds=15,
                              **{"training.maxSteps": max_steps, "training.checkpointEverySteps": INTERVAL}))
     seen = Observed()
