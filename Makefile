@@ -7,8 +7,8 @@ PY = $(VENV)/bin/python
 export FINETUNE_ORT_VENV := $(shell bash .ci/venv.sh --ort-path)
 CLUSTER = python3 -m hack.localcluster
 
-.PHONY: help setup binaries tools cluster-up cluster-down cluster-status run test test-unit test-integration \
-        test-trainer test-ort test-chart test-e2e test-faults soak run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
+.PHONY: help setup binaries tools kueue cluster-up cluster-down cluster-status run test test-unit test-integration \
+        test-trainer test-ort test-chart test-e2e test-faults test-kueue soak run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -19,7 +19,10 @@ binaries: ## build (or reuse) the real Kubernetes control-plane binaries from th
 tools: ## build (or reuse) helm, promtool and controller-gen (+ Prometheus Operator CRDs) from the Go module proxy
 	@bash hack/helmtools/build.sh
 
-setup: binaries tools ## install everything: both venvs (cached outside the repo), Kubernetes binaries and chart tools
+kueue: ## build (or reuse) Kueue's controller manager (the Kueue tier's) from the Go module proxy
+	@bash hack/kueue/build.sh
+
+setup: binaries tools kueue ## install everything: both venvs (cached outside the repo), Kubernetes, Kueue, chart tools
 	@bash .ci/venv.sh
 
 cluster-up: binaries ## start the local control plane (etcd, kube-apiserver, kube-controller-manager); prints KUBECONFIG
@@ -51,6 +54,9 @@ test-integration: setup ## integration tests against the real kube-apiserver
 
 test-trainer: setup ## trainer tests: real torchrun/DDP training on CPU, default stack and ONNX Runtime stack
 	@$(PY) -m pytest -m trainer
+
+test-kueue: setup ## gang admission with a real Kueue (queueing, preemption, restarts and suspend that give quota back)
+	@$(PY) -m pytest -m kueue
 
 test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, resume, rejections)
 	@$(PY) -m pytest -m ort

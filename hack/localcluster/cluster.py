@@ -199,9 +199,11 @@ def log_tail(state_dir: Path, component: str, lines: int = 40) -> str:
 class LocalCluster:
     """Start, check and stop one local control plane whose state lives in ``state_dir``."""
 
-    def __init__(self, state_dir: Path | None = None, *, scheduler: bool = False) -> None:
+    def __init__(self, state_dir: Path | None = None, *, scheduler: bool = False,
+                 extra_controllers: tuple[str, ...] = ()) -> None:
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="finetune-cluster-"))
         self.scheduler = scheduler
+        self.controllers = (*CONTROLLERS, *extra_controllers)  # e.g. the pod GC, where every pod's node exists
         self.state: State | None = State.load(self.state_dir)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}  # each component's command line, for restart()
@@ -292,7 +294,7 @@ class LocalCluster:
                 f"--kubeconfig={d / 'controller-manager.kubeconfig'}",
                 f"--authentication-kubeconfig={d / 'controller-manager.kubeconfig'}",
                 f"--authorization-kubeconfig={d / 'controller-manager.kubeconfig'}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(self.controllers)}",
                 "--bind-address=127.0.0.1", f"--secure-port={st.kcm_port}",
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--service-account-private-key-file={pki / 'sa.key'}",

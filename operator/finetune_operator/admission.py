@@ -10,6 +10,7 @@ from typing import Any
 
 from finetune_operator.builders import output_claim_name
 from finetune_operator.guardrails import Violation
+from finetune_operator.kueue import WorkloadState
 from finetune_operator.settings import Settings
 from finetune_operator.spec import JobSpec, SpecError, parse_spec
 
@@ -29,11 +30,12 @@ class Usage:
 @dataclass(frozen=True)
 class Observed:
     """What the controller read besides the job and its pods: claims and namespace use before an attempt starts;
-    the nodes of pods stuck terminating."""
+    the nodes of pods stuck terminating; the attempt's Kueue Workload while it waits for admission."""
 
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # name → PVC, for the claims that exist
     usage: Usage | None = None  # None: no namespace limit configured, nothing was read
     lost_nodes: dict[str, str] = field(default_factory=dict)  # node → why its pods may be force-deleted
+    queue: WorkloadState | None = None  # Kueue's word on the attempt's Workload, read while its pods are gated
 
 
 def claims_to_check(job: str, spec: JobSpec) -> list[tuple[str, str]]:

@@ -7,11 +7,11 @@ contract"): headless Service ``J``, ConfigMap ``J-config`` with the trainer's co
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from finetune_operator import kueue
 from finetune_operator.settings import (
     API_VERSION,
     CONFIG_DIR,
@@ -257,21 +257,9 @@ def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list
     return [{"name": k, "value": str(v)} for k, v in pairs]
 
 
-def _kueue(spec: JobSpec, ref: JobRef, attempt: int) -> tuple[dict[str, str], dict[str, str]]:
-    """Kueue plain-pod group: one group per attempt, so a gang restart is a fresh admission."""
-    if not spec.queue_name:
-        return {}, {}
-    group = f"{ref.name}-attempt-{attempt}"
-    if len(group) > 63:  # a label value: keep it unique and within 63 characters
-        group = f"{ref.name[:40]}-{hashlib.sha256(ref.name.encode()).hexdigest()[:8]}-a{attempt}"
-    return ({"kueue.x-k8s.io/queue-name": spec.queue_name,
-             "kueue.x-k8s.io/pod-group-name": group},
-            {"kueue.x-k8s.io/pod-group-total-count": str(spec.nodes)})
-
-
 def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: Settings) -> dict[str, Any]:
     name = pod_name(ref.name, rank)
-    kueue_labels, kueue_annotations = _kueue(spec, ref, attempt)
+    kueue_labels, kueue_annotations = kueue.pod_metadata(spec.queue_name, ref.name, attempt, spec.nodes)
     labels = {**spec.pod_template.labels, **kueue_labels, **common_labels(ref.name, "trainer"),
               LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}
     annotations = {**spec.pod_template.annotations, **kueue_annotations}

@@ -16,9 +16,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from finetune_operator import admission
+from finetune_operator import admission, kueue
 from finetune_operator.admission import Observed
 from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, ApiError, Conflict, Kube, Rejected
+from finetune_operator.kueue import WorkloadState
 from finetune_operator.metrics import OperatorMetrics
 from finetune_operator.reconcile import Plan, create_rejected, decide, name_taken, namesake_in_the_way
 from finetune_operator.scrape import Scraper
@@ -223,11 +224,24 @@ class Controller:
                 lost[node_name] = why
         return lost
 
+    def _queue(self, job: Job) -> WorkloadState | None:
+        """Kueue's Workload of the job's current attempt, while Kueue holds its pods. None when it cannot be read
+        (no ``workloads: get`` for the operator): the status then says only that the pods wait for Kueue."""
+        try:
+            wl = self.kube.get_workload(job.ref.namespace, kueue.group_name(job.ref.name, job.status.attempt))
+        except ApiError as e:
+            log.warning("%s/%s: cannot read its Kueue Workload: %s", job.ref.namespace, job.ref.name, e)
+            return None
+        return kueue.read_workload(wl)
+
     def _act(self, key: Key, job: Job, observed: Observed) -> Plan | None:
         namespace, name = key
         pods = self._pods(key)
         if self.settings.force_delete != "never" and (lost := self._lost_nodes(pods)):
             observed = replace(observed, lost_nodes=lost)
+        if job.spec is not None and job.spec.queue_name and any(
+                p.gated and p.attempt == job.status.attempt for p in pods):
+            observed = replace(observed, queue=self._queue(job))
         plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
                       observed=observed)
         log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,

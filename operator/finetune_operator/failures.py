@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from finetune_operator.kueue import TERMINATION_TARGET
 from finetune_operator.settings import (
     EXIT_CONFIG_ERROR,
     EXIT_CUDA_OOM,
@@ -66,8 +67,10 @@ def _container_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """Kubernetes' DisruptionTarget (eviction, preemption, taint) or Kueue's TerminationTarget (its Workload was
+    evicted: preempted, or the queue stopped): either way the pod goes for a reason outside the job."""
     for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+        if c.get("type") in ("DisruptionTarget", TERMINATION_TARGET) and c.get("status") == "True":
             return dict(c)
     return None
 
@@ -92,8 +95,11 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
     disruption = _disruption_condition(pod)
     if disruption is not None or status.get("reason") in ("Evicted", "Preempting", "Terminated"):
         why = (disruption or {}).get("reason") or status.get("reason") or ""
-        reason = "Preempted" if "Preempt" in why else "Evicted"
         msg = (disruption or {}).get("message") or status.get("message") or why
+        # Kueue's reason is WorkloadEvicted; that it was a preemption is in the message.
+        reason = "Preempted" if "Preempt" in why or "Preempted" in msg else "Evicted"
+        if (disruption or {}).get("type") == TERMINATION_TARGET:
+            msg = f"Kueue evicted the attempt's Workload: {msg}"
         return Failure(reason, f"{reason.lower()}: {msg}", disruption=True)
     if pod["metadata"].get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
         return Failure("PodDeleted", f"pod {pod['metadata']['name']} was deleted while the attempt ran",

@@ -23,6 +23,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from finetune_operator.kueue import WORKLOAD_GROUP, WORKLOAD_PLURAL, WORKLOAD_VERSION
 from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,10 @@ class Kube:
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(_core(namespace, "persistentvolumeclaims", name))
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Kueue Workload, or None when it does not exist (or Kueue's CRDs are not installed)."""
+        return self._read(_group(WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, namespace, name))
 
     # -- writes --------------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from finetune_operator.builders import (
     pod_name,
 )
 from finetune_operator.failures import Failure
+from finetune_operator.kueue import WorkloadState, group_name, read_workload
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
 from finetune_operator.settings import Settings
 from finetune_operator.spec import JobSpec
@@ -49,6 +50,7 @@ from finetune_operator.status import (
 )
 
 QUOTA_RETRY_SECONDS = 30.0  # a job waiting for quota or a namespace limit tries again this often
+QUEUE_REFRESH_SECONDS = 10.0  # a job Kueue holds re-reads its Workload's message this often
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
     elif p.st.attempt_start_time is None:
         _start_attempt(p, spec, gang, observed)
     else:
-        _watch_attempt(p, spec, gang, progress)
+        _watch_attempt(p, spec, gang, progress, observed.queue)
 
 
 # -- the phases -------------------------------------------------------------------------------------------------
@@ -280,11 +282,15 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
             f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))")
 
 
-def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | None) -> None:
-    """The attempt's pods exist: the first failure restarts or fails the gang; all ranks done is success; all
-    running is Running (with the scraped progress); otherwise some ranks wait, and the status says why."""
+def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | None, queue: WorkloadState | None) -> None:
+    """The attempt's pods exist: the first failure restarts or fails the gang; pods Kueue holds wait for admission;
+    all ranks done is success; all running is Running (with the scraped progress); otherwise some ranks wait, and the
+    status says why."""
     st = p.st
     failure = _first_failure(p, spec, gang)
+    queued = any(pod.gated for pod in gang.current)
+    if not queued and failure is None:
+        _admitted(p, spec)
     if failure is not None:
         _restart_or_fail(p, spec, gang.current, failure)
     elif len(gang.current) == spec.nodes and gang.succeeded == spec.nodes:
@@ -303,8 +309,43 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
             st.progress = merge_progress(st.progress, progress, now=p.now)
         p.transition(RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods "
                      "running")
+    elif queued:
+        _queued(p, spec, queue)
     else:
         _ranks_wait(p, spec, gang)
+
+
+def _queued(p: _Pass, spec: JobSpec, queue: WorkloadState | None) -> None:
+    """Kueue holds the attempt's pods (its admission gate) until the whole group fits its ClusterQueue's quota:
+    condition Queued=True with Kueue's reason and message, one event when the attempt starts waiting. The message
+    moves as the queue does, so it is read again every few seconds; the gate's removal is a pod event."""
+    st = p.st
+    st.state = CREATED if p.was != RESTARTING else p.was
+    queue = queue or read_workload(None)
+    text = (f"attempt {st.attempt}: waiting for Kueue to admit Workload {group_name(p.job.ref.name, st.attempt)} "
+            f"(LocalQueue {spec.queue_name}): {queue.message}")
+    before = p.job.status.condition("Queued")
+    st.set_condition("Queued", True, queue.reason, text, now=p.now)
+    st.set_condition("Created", True, "Queued", text, now=p.now)
+    if before is None or not before.status:
+        p.event("Normal", "Queued", text)
+    p.plan.requeue_after = QUEUE_REFRESH_SECONDS
+
+
+def _admitted(p: _Pass, spec: JobSpec) -> None:
+    """Kueue lifted the gate: Queued=False, and the attempt (its GPU-seconds, its waits) counts from now. The
+    first admission also starts spec.activeDeadlineSeconds' clock, as Kueue's suspend does for a Job."""
+    st = p.st
+    before = p.job.status.condition("Queued")
+    if not spec.queue_name or before is None or not before.status:
+        return
+    if st.start_time == st.attempt_start_time:  # queued since the job (or its resume) started
+        st.start_time = p.now
+    st.attempt_start_time = p.now
+    message = f"attempt {st.attempt}: Workload {group_name(p.job.ref.name, st.attempt)} admitted by Kueue"
+    st.set_condition("Queued", False, "Admitted", message, now=p.now)
+    st.set_condition("Created", True, "Admitted", message, now=p.now)
+    p.event("Normal", "Admitted", message)
 
 
 def _first_failure(p: _Pass, spec: JobSpec, gang: Gang) -> Failure | None:
@@ -349,6 +390,10 @@ def _ranks_wait(p: _Pass, spec: JobSpec, gang: Gang) -> None:
 def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
     """Account the attempt that ends now: GPU-seconds used and, for a restart, the work thrown away."""
     st = p.st
+    queued = st.condition("Queued")
+    if queued is not None and queued.status:
+        st.set_condition("Queued", False, "AttemptEnded", f"attempt {st.attempt} ended before Kueue admitted it",
+                         now=p.now)
     if st.attempt_start_time is None:
         return
     seconds = (p.now - st.attempt_start_time).total_seconds()

@@ -114,6 +114,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                     "service": {"annotations": {"example.com/scrape": "yes"}}},
         "prometheusRule": {"enabled": True},
         "dashboard": {"enabled": True},
+        "kueue": {"enabled": True},
     },
 }
 

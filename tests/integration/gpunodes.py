@@ -36,6 +36,7 @@ class GpuNodes:
         self.hold_running: set[str] = set()  # pod names left Pending even when bound (tests that need it)
         self.lost: set[str] = set()  # nodes whose kubelet is gone: nothing on them changes any more
         self.hung: set[str] = set()  # nodes still Ready whose kubelet does not finish deletions (a hung unmount)
+        self.hold_deleting: set[str] = set()  # uids of pods whose deletion waits (a test reads them terminating)
 
     def start(self) -> GpuNodes:
         for i, name in enumerate(self.names):
@@ -95,7 +96,7 @@ class GpuNodes:
     def _step(self, pod: Any, node: str) -> None:
         name, ns = pod.metadata.name, pod.metadata.namespace
         if pod.metadata.deletion_timestamp:
-            if node in self.hung:
+            if node in self.hung or pod.metadata.uid in self.hold_deleting:
                 return
             if pod.status.phase not in ("Succeeded", "Failed"):  # SIGTERM: the trainer checkpoints and exits 143
                 term = {"exitCode": 143, "reason": "Error", "startedAt": _now(), "finishedAt": _now()}

@@ -12,131 +12,20 @@ status of pods the scheduler binds to them).
 from __future__ import annotations
 
 import re
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.conftest import CRDS, Cluster, _kubectl_binary, dump_namespace
-from tests.integration.gpunodes import GPU_TOLERATION, GpuNodes
-from tests.integration.harness import FakeKubelet, Jobs, OperatorProcess, make_job
+from tests.conftest import Cluster
+from tests.integration.gpucluster import Operator, bound_claim, gpu_job, make_ns
+from tests.integration.gpunodes import GpuNodes
+from tests.integration.harness import FakeKubelet, Jobs, make_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 GPU8 = {"limits": {"nvidia.com/gpu": 8}}
-
-
-@pytest.fixture(scope="module")
-def sched() -> Iterator[Cluster]:
-    """A control plane of its own, with kube-scheduler (the session's has none: its pods stay unbound)."""
-    from hack.localcluster.cluster import LocalCluster, ensure_binaries
-
-    ensure_binaries()
-    local = LocalCluster(scheduler=True)
-    local.start()
-    c = Cluster(kubeconfig=local.kubeconfig, kubectl=_kubectl_binary(), owned=True)
-    crds = sorted(CRDS.glob("*.yaml"))
-    for f in crds:
-        c.run_kubectl("apply", "--server-side", "-f", str(f))
-    c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"-f={f}" for f in crds])
-    try:
-        yield c
-    finally:
-        try:
-            local.check()
-        finally:
-            local.stop()
-
-
-@pytest.fixture(scope="module")
-def api(sched: Cluster) -> client.ApiClient:
-    return config.new_client_from_config(config_file=sched.kubeconfig)
-
-
-def make_ns(c: Cluster, level: str = "restricted") -> str:
-    ns = f"g-{uuid.uuid4().hex[:6]}"
-    c.run_kubectl("create", "namespace", ns)
-    c.run_kubectl("label", "namespace", ns, f"pod-security.kubernetes.io/enforce={level}",
-                  "pod-security.kubernetes.io/enforce-version=latest")
-    return ns
-
-
-def bound_claim(api: client.ApiClient, ns: str, name: str = "out", modes: tuple[str, ...] = ("ReadWriteMany",)) -> None:
-    """A claim already bound to a PersistentVolume (the scheduler only places pods whose claims are bound). No
-    volume plugin or provisioner runs here: the PV names an NFS export nothing ever mounts, and the binding is
-    written the way the PV controller writes it (volumeName, bind-completed, status Bound)."""
-    core = client.CoreV1Api(api)
-    pv = f"pv-{ns}-{name}"
-    core.create_persistent_volume({"metadata": {"name": pv, "labels": {"finetune.dev/test-ns": ns}}, "spec": {
-        "capacity": {"storage": "100Gi"}, "accessModes": list(modes), "storageClassName": "",
-        "persistentVolumeReclaimPolicy": "Retain", "nfs": {"server": "192.0.2.1", "path": f"/{ns}/{name}"},
-        "claimRef": {"namespace": ns, "name": name}}})
-    core.create_namespaced_persistent_volume_claim(ns, {
-        "metadata": {"name": name, "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
-        "spec": {"accessModes": list(modes), "storageClassName": "", "volumeName": pv,
-                 "resources": {"requests": {"storage": "100Gi"}}}})
-    core.patch_namespaced_persistent_volume_claim_status(name, ns, {"status": {
-        "phase": "Bound", "accessModes": list(modes), "capacity": {"storage": "100Gi"}}})
-
-
-@pytest.fixture
-def ns(request: pytest.FixtureRequest, sched: Cluster, api: client.ApiClient) -> Iterator[str]:
-    """A restricted namespace holding the bound ReadWriteMany claim ``out`` that ``make_job`` names."""
-    name = make_ns(sched)
-    bound_claim(api, name)
-    yield name
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        print(dump_namespace(sched, name))
-    sched.run_kubectl("delete", "namespace", name, "--wait=false", check=False)
-    sched.run_kubectl("delete", "pv", "-l", f"finetune.dev/test-ns={name}", "--wait=false", check=False)
-
-
-@pytest.fixture
-def nodes(request: pytest.FixtureRequest, api: client.ApiClient) -> Iterator[GpuNodes]:
-    """Two tainted 8-GPU nodes (a test's ``gpu_nodes`` marker can ask for another count)."""
-    marker = request.node.get_closest_marker("gpu_nodes")
-    gpu_nodes = GpuNodes(api, f"gpu-{uuid.uuid4().hex[:4]}", count=marker.args[0] if marker else 2).start()
-    yield gpu_nodes
-    gpu_nodes.stop()
-
-
-class Operator:
-    def __init__(self, c: Cluster, ns: str, **env: str) -> None:
-        self.proc = OperatorProcess(c.kubeconfig, ns, **env).start()
-
-    def stop(self, failed: bool) -> None:
-        self.proc.stop()
-        if failed:
-            print("==== operator log (tail) ====\n" + "\n".join(self.proc.output().splitlines()[-80:]))
-
-
-@pytest.fixture
-def operator_env() -> dict[str, str]:
-    return {}
-
-
-@pytest.fixture
-def operator(request: pytest.FixtureRequest, sched: Cluster, ns: str, operator_env: dict[str, str]) -> Iterator[None]:
-    op = Operator(sched, ns, **operator_env)
-    yield None
-    rep = getattr(request.node, "rep_call", None)
-    op.stop(rep is not None and rep.failed)
-
-
-@pytest.fixture
-def jobs(api: client.ApiClient, ns: str) -> Jobs:
-    return Jobs(api, ns)
-
-
-def gpu_job(name: str, *, nodes: int = 1, gpus: int = 8, tolerate: bool = True) -> Any:
-    j = make_job(name).nodes(nodes).set("resources", {"limits": {"nvidia.com/gpu": gpus}})
-    if tolerate:
-        j.set("podTemplate", {"tolerations": [GPU_TOLERATION]})
-    return j
 
 
 def scheduler_reason(jobs: Jobs, job: str, contains: str) -> str:

@@ -167,6 +167,12 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if .Values.kueue.enabled }}
+# Kueue's Workload of a queued attempt, read for its admission message (condition Queued); never written.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get]
+{{- end }}
 {{- end }}
 
 {{/* The trainer NetworkPolicy's peers for the metrics port, as JSON: metricsFrom plus the operator's own pods (its

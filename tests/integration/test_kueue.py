@@ -1,0 +1,270 @@
+"""Gang admission with a real Kueue: quota-aware queueing, whole-gang admission, preemption, gang restarts and
+suspend that give quota back, and no Workload left behind by a deleted job.
+
+Real: Kueue's controller manager (hack/kueue: built from the Go module proxy, its pod webhook and plain-pod-group
+integration on), kube-apiserver, kube-scheduler, kube-controller-manager (garbage collector), etcd and the operator
+as a subprocess. Mocked, because they cannot exist on these machines: GPUs and the kubelet (``GpuNodes``: four 8-GPU
+Nodes and a stand-in that runs the pods the scheduler binds, and on deletion lets them exit 143 as the trainer does
+after its SIGTERM checkpoint; ``FakeKubelet`` writes a rank's exit). That the trainer saves a checkpoint on that
+SIGTERM and the next attempt resumes from it is shown with real training in tests/e2e; here, that a preempted gang
+is stopped with its full grace period (the time the checkpoint takes), not counted as a failure, and requeued.
+
+One ClusterQueue per test holds GPU quota for one 2-node gang (16 GPUs); every job below is 2 nodes x 8 GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from hack.kueue import LocalKueue
+from tests.conftest import Cluster, _kubectl_binary
+from tests.integration.gpucluster import gpu_job
+from tests.integration.gpunodes import GpuNodes
+from tests.integration.harness import FakeKubelet, Jobs
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.kueue, pytest.mark.gpu_nodes(4)]
+KQ = ("kueue.x-k8s.io", "v1beta2")
+MANAGED = ("finetune.dev/kueue-test", "managed")
+GRACE = 45  # the jobs' terminationGracePeriodSeconds: a preempted gang must get all of it
+# PodGC, as in every cluster: a deleted pod that was never scheduled (a queued gang's, gated) is marked Failed and
+# removed by it; Kueue then finishes the group and lifts its finalizer. Every pod here is bound to a Node that exists.
+EXTRA_CONTROLLERS = ("pod-garbage-collector-controller",)
+
+
+@pytest.fixture(scope="module")
+def kueue(sched: Cluster, api: client.ApiClient) -> Iterator[LocalKueue]:
+    kq = LocalKueue(sched.kubeconfig, managed_label=MANAGED, kubectl=_kubectl_binary()).start()
+    co = client.CustomObjectsApi(api)
+    co.create_cluster_custom_object(*KQ, "resourceflavors", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "gpu"}})
+    for name, value in (("low", 100), ("high", 1000)):
+        co.create_cluster_custom_object(*KQ, "workloadpriorityclasses", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": name},
+            "value": value})
+    try:
+        yield kq
+    finally:
+        try:
+            kq.check()
+        finally:
+            kq.stop()
+
+
+@pytest.fixture
+def queue(request: pytest.FixtureRequest, kueue: LocalKueue, sched: Cluster, api: client.ApiClient,
+          ns: str) -> Iterator[str]:
+    """LocalQueue ``team`` in the test's namespace (managed by Kueue), on a ClusterQueue of its own with 16 GPUs."""
+    sched.run_kubectl("label", "namespace", ns, f"{MANAGED[0]}={MANAGED[1]}")
+    co = client.CustomObjectsApi(api)
+    cq = f"cq-{ns}"
+    co.create_cluster_custom_object(*KQ, "clusterqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                 "preemption": {"withinClusterQueue": "LowerPriority"},
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"], "flavors": [{
+                     "name": "gpu", "resources": [{"name": "cpu", "nominalQuota": "1000"},
+                                                  {"name": "memory", "nominalQuota": "10Ti"},
+                                                  {"name": "nvidia.com/gpu", "nominalQuota": "16"}]}]}]}})
+    co.create_namespaced_custom_object(*KQ, ns, "localqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team"},
+        "spec": {"clusterQueue": cq}})
+    yield "team"
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print("==== kueue log (tail) ====\n" + kueue.log_tail(80))
+        print(sched.run_kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "yaml", check=False))
+    # The namespace's deletion removes the pods and so (garbage collector) their Workloads; the queue goes with it.
+    co.delete_cluster_custom_object(*KQ, "clusterqueues", cq)
+
+
+def queued_job(name: str, *, priority: str | None = None) -> dict[str, Any]:
+    j = gpu_job(name, nodes=2).set("queueName", "team").set("terminationGracePeriodSeconds", GRACE)
+    labels = {"kueue.x-k8s.io/priority-class": priority} if priority else {}
+    j.obj["spec"]["podTemplate"]["labels"] = labels
+    return j.build()
+
+
+class Kueue:
+    """Reads of Kueue's objects for one test namespace."""
+
+    def __init__(self, api: client.ApiClient, ns: str) -> None:
+        self.co = client.CustomObjectsApi(api)
+        self.ns = ns
+
+    def workloads(self) -> dict[str, dict[str, Any]]:
+        items = self.co.list_namespaced_custom_object(*KQ, self.ns, "workloads")["items"]
+        return {w["metadata"]["name"]: w for w in items}
+
+    def condition(self, workload: str, ctype: str) -> bool:
+        w = self.workloads().get(workload) or {}
+        return any(c["type"] == ctype and c["status"] == "True" for c in (w.get("status") or {}).get("conditions", []))
+
+    def reservations(self, workload: str) -> int:
+        """How often Kueue reserved quota for ``workload`` (its QuotaReserved events)."""
+        events = client.CoreV1Api(self.co.api_client).list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={workload},reason=QuotaReserved").items
+        return sum(e.count or 1 for e in events)
+
+    def reserving(self) -> list[str]:
+        """The Workloads that hold quota now: reserved and not finished."""
+        return sorted(name for name in self.workloads()
+                      if self.condition(name, "QuotaReserved") and not self.condition(name, "Finished"))
+
+    def gpus_reserved(self) -> int:
+        cq = self.co.get_cluster_custom_object(*KQ, "clusterqueues", f"cq-{self.ns}")
+        for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
+            for r in flavor["resources"]:
+                if r["name"] == "nvidia.com/gpu":
+                    return int(r["total"])
+        return 0
+
+    def wait_gpus(self, gpus: int) -> None:
+        """The ClusterQueue's GPU reservation reaches ``gpus`` (Kueue writes its status a moment after it admits)."""
+        wait_for(lambda: self.gpus_reserved() == gpus, timeout=60, what=f"{gpus} GPUs reserved in the ClusterQueue")
+
+
+@dataclass
+class Tier:
+    api: client.ApiClient
+    ns: str
+    jobs: Jobs
+    kq: Kueue
+    nodes: GpuNodes
+
+
+@pytest.fixture
+def t(api: client.ApiClient, ns: str, jobs: Jobs, nodes: GpuNodes, *, queue: str, operator: None) -> Tier:
+    """The test's namespace with LocalQueue ``team``, four GPU nodes and the operator."""
+    return Tier(api, ns, jobs, Kueue(api, ns), nodes)
+
+
+def finish(t: Tier, job: str, code: int = 0) -> None:
+    """The job's running ranks exit with ``code``, as the kubelet would report it."""
+    kubelet = FakeKubelet(t.api, t.ns)
+    for pod in t.jobs.live_pods(job):
+        kubelet.exit(pod.metadata.name, code)
+
+
+def counts(st: dict[str, Any]) -> tuple[int, int, int]:
+    """(attempt, restarts, disruptions) of a status (a zero is not written)."""
+    return st.get("attempt", 0), st.get("restarts", 0), st.get("disruptions", 0)
+
+
+def gated(jobs: Jobs, job: str) -> list[str]:
+    return [p.metadata.name for p in jobs.live_pods(job)
+            if any(g.name == "kueue.x-k8s.io/admission" for g in p.spec.scheduling_gates or [])]
+
+
+def queued_condition(jobs: Jobs, job: str, says: str = "") -> dict[str, Any]:
+    """Condition Queued=True once its message has Kueue's ``says`` (the operator re-reads the Workload every 10 s)."""
+    return wait_for(lambda: (c := jobs.condition(job, "Queued")) and c["status"] == "True" and says in c["message"]
+                    and c, timeout=60, what=f"{job}: condition Queued=True saying {says!r}")
+
+
+def test_a_gang_waits_for_quota_and_is_admitted_whole(t: Tier) -> None:
+    t.jobs.create(queued_job("a"))
+    t.jobs.wait_state("a", "Running", timeout=90)
+    assert t.kq.condition("a-attempt-0", "Admitted") and t.kq.reserving() == ["a-attempt-0"]
+    t.kq.wait_gpus(16)
+    t.jobs.create(queued_job("b"))
+    cond = queued_condition(t.jobs, "b", "insufficient")
+    assert "insufficient" in cond["message"] and "nvidia.com/gpu" in cond["message"], cond  # Kueue's own words
+    assert "b-attempt-0" in cond["message"] and "LocalQueue team" in cond["message"]
+    st = t.jobs.status("b")
+    assert st["state"] == "Created" and st["reason"] == "Queued", st
+    assert len(wait_for(lambda: len(g := gated(t.jobs, "b")) == 2 and g, timeout=30, what="b's two pods gated")) == 2
+    assert all(not p.spec.node_name for p in t.jobs.live_pods("b"))  # none of the gang is placed before the whole is
+    assert "Queued" in {e.reason for e in t.jobs.events("b")}
+
+    finish(t, "a")
+    assert t.jobs.wait_state("a", "Succeeded", timeout=60)["state"] == "Succeeded"
+    wait_for(lambda: t.kq.condition("a-attempt-0", "Finished"), timeout=60, what="a's Workload finished")
+    st = t.jobs.wait_state("b", "Running", timeout=90)
+    queued = t.jobs.condition("b", "Queued")
+    assert queued is not None and queued["status"] == "False" and queued["reason"] == "Admitted", queued
+    assert counts(st) == (0, 0, 0), st
+    assert t.kq.reserving() == ["b-attempt-0"]
+
+
+def test_preemption_is_a_disruption_and_the_gang_requeues(t: Tier) -> None:
+    t.jobs.create(queued_job("low", priority="low"))
+    t.jobs.wait_state("low", "Running", timeout=90)
+    victims = {p.metadata.name: p.metadata.uid for p in t.jobs.live_pods("low")}
+    t.nodes.hold_deleting = set(victims.values())  # look at the preempted pods before they exit
+    t.jobs.create(queued_job("high", priority="high"))
+
+    def preempted() -> list[Any] | None:
+        pods = [p for p in t.jobs.pods("low") if p.metadata.uid in victims.values()]
+        return pods if len(pods) == 2 and all(p.metadata.deletion_timestamp for p in pods) else None
+    pods = wait_for(preempted, timeout=90, what="Kueue to preempt low's gang")
+    for p in pods:
+        cond = next(c for c in p.status.conditions or [] if c.type == "TerminationTarget")
+        assert cond.status == "True" and "Preempted" in (cond.message or ""), cond
+        assert p.metadata.deletion_grace_period_seconds == GRACE  # the whole grace period: time to checkpoint
+    t.nodes.hold_deleting = set()
+
+    st = wait_for(lambda: (s := t.jobs.status("low")).get("attempt") == 1 and s, timeout=60, what="low's restart")
+    assert counts(st)[1:] == (0, 1), st  # not counted against maxRestarts
+    assert st["failure"]["reason"] == "Preempted" and "Kueue" in st["failure"]["message"], st["failure"]
+    t.jobs.wait_state("high", "Running", timeout=90)
+    cond = queued_condition(t.jobs, "low", "insufficient")  # the next attempt waits for re-admission, Kueue says why
+    assert "low-attempt-1" in cond["message"] and "insufficient" in cond["message"], cond
+    assert t.kq.reserving() == ["high-attempt-0"]  # the preempted attempt holds nothing, its successor waits
+
+    finish(t, "high")
+    st = t.jobs.wait_state("low", "Running", timeout=90)
+    assert counts(st) == (1, 0, 1), st
+    assert t.kq.reserving() == ["low-attempt-1"] and t.kq.condition("low-attempt-1", "Admitted")
+
+
+def test_a_gang_restart_gives_quota_back_and_takes_it_once(t: Tier) -> None:
+    t.jobs.create(queued_job("r"))
+    t.jobs.wait_state("r", "Running", timeout=90)
+    first = t.jobs.live_pods("r")
+    FakeKubelet(t.api, t.ns).exit(first[1].metadata.name, 1)  # rank 1 fails: a gang restart, counted
+    st = wait_for(lambda: (s := t.jobs.status("r")).get("attempt") == 1 and s["state"] == "Running" and s,
+                  timeout=120, what="r's attempt 1 running")
+    assert counts(st)[1:] == (1, 0), st
+    # Attempt 0's Workload finished once its pods were terminal; with the pods gone, the garbage collector removes it
+    # (its owners are the pods).
+    wait_for(lambda: t.kq.condition("r-attempt-0", "Finished") or "r-attempt-0" not in t.kq.workloads(), timeout=60,
+             what="attempt 0's Workload finished")
+    assert set(t.kq.workloads()) <= {"r-attempt-0", "r-attempt-1"}  # one Workload per attempt
+    assert t.kq.reserving() == ["r-attempt-1"]  # one gang's quota, not two
+    t.kq.wait_gpus(16)
+    # each attempt took the quota exactly once: the finished attempt was never admitted again
+    assert [t.kq.reservations(f"r-attempt-{a}") for a in (0, 1)] == [1, 1]
+
+
+def test_suspend_gives_quota_back_and_a_deleted_queued_job_leaves_no_workload(t: Tier) -> None:
+    t.jobs.create(queued_job("s"))
+    t.jobs.wait_state("s", "Running", timeout=90)
+    t.jobs.create(queued_job("waiting"))
+    t.jobs.create(queued_job("gone"))
+    queued_condition(t.jobs, "waiting")
+    queued_condition(t.jobs, "gone")
+
+    t.jobs.delete("gone")  # queued: its pods and its Workload go with it
+    wait_for(lambda: not [w for w in t.kq.workloads() if w.startswith("gone-")] and not t.jobs.pods("gone"),
+             timeout=90, what="the deleted job's pods and Workload to be gone")
+
+    t.jobs.patch("s", {"suspend": True})  # suspend: the pods go and the quota with them
+    t.jobs.wait_state("s", "Suspended", timeout=60)
+    t.jobs.wait_state("waiting", "Running", timeout=120)
+    t.jobs.patch("s", {"suspend": False})  # resumed: queued again behind the job that took its place
+    cond = queued_condition(t.jobs, "s")
+    assert "s-attempt-1" in cond["message"], cond
+    finish(t, "waiting")
+    assert t.jobs.wait_state("s", "Running", timeout=120)["attempt"] == 1
+    try:
+        client.CustomObjectsApi(t.api).get_namespaced_custom_object(*KQ, t.ns, "workloads", "gone-attempt-0")
+        raise AssertionError("gone-attempt-0 still exists")
+    except ApiException as e:
+        assert e.status == 404
