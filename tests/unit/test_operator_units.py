@@ -324,7 +324,7 @@ def test_node_lost(node, mode, lost) -> None:  # type: ignore[no-untyped-def]
 def test_layering_builders_and_decisions_do_no_io() -> None:
     """The pure layers (docs/design.md, Layers) never import the API client or kopf."""
     pure = ["builders", "reconcile", "spec", "failures", "settings", "admission", "guardrails", "render", "status",
-            "state", "progress"]
+            "state", "progress", "kueue"]
     for mod in pure:
         tree = ast.parse((ROOT / "operator" / "finetune_operator" / f"{mod}.py").read_text())
         imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
