@@ -14,6 +14,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,39 +54,55 @@ def _kubectl_binary() -> str:
     return str(built) if built.exists() else "kubectl"
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    """The real control plane: started here, or the one ``$KUBECONFIG`` names."""
+def install_crds(c: Cluster) -> None:
+    """Apply this repository's CRDs and wait until the API server serves them."""
+    crds = sorted(CRDS.glob("*.yaml"))
+    for f in crds:
+        c.run_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
+    # `kubectl wait` fails at once (not waits) while a just-created CRD has no status.conditions yet
+    from tests.waiting import wait_for
+
+    wait_for(lambda: c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                                   *[f"-f={f}" for f in crds]) or True,
+             timeout=90, what="the CRDs to be Established", interval=0.5)
+
+
+@contextmanager
+def local_cluster(*, scheduler: bool = False, extra_controllers: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """A control plane of real binaries started for the caller, with the CRDs; checked (no component crashed) and
+    stopped at the end."""
     from hack.localcluster.cluster import LocalCluster, ensure_binaries
 
     ensure_binaries()
-    reuse = os.environ.get("KUBECONFIG")
-    if reuse:
-        c = Cluster(kubeconfig=reuse, kubectl=_kubectl_binary(), owned=False)
-        local = None
-    else:
-        local = LocalCluster()
-        local.start()
-        c = Cluster(kubeconfig=local.kubeconfig, kubectl=_kubectl_binary(), owned=True)
-    print(f"\n[cluster] {c.run_kubectl('version').strip()}")
-    crds = sorted(CRDS.glob("*.yaml"))
-    if crds:
-        for f in crds:
-            c.run_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
-        # `kubectl wait` fails at once (not waits) while a just-created CRD has no status.conditions yet
-        from tests.waiting import wait_for
-
-        wait_for(lambda: c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                                       *[f"-f={f}" for f in crds]) or True,
-                 timeout=90, what="the CRDs to be Established", interval=0.5)
+    local = LocalCluster(scheduler=scheduler, extra_controllers=extra_controllers)
+    local.start()
     try:
+        c = Cluster(kubeconfig=local.kubeconfig, kubectl=_kubectl_binary(), owned=True)
+        install_crds(c)
         yield c
     finally:
-        if local is not None:
-            try:
-                local.check()  # a component that crashed during the session fails loudly
-            finally:
-                local.stop()
+        try:
+            local.check()  # a component that crashed during the session fails loudly
+        finally:
+            local.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The real control plane: started here, or the one ``$KUBECONFIG`` names."""
+    reuse = os.environ.get("KUBECONFIG")
+    if reuse:
+        from hack.localcluster.cluster import ensure_binaries
+
+        ensure_binaries()
+        c = Cluster(kubeconfig=reuse, kubectl=_kubectl_binary(), owned=False)
+        install_crds(c)
+        print(f"\n[cluster] {c.run_kubectl('version').strip()}")
+        yield c
+        return
+    with local_cluster() as c:
+        print(f"\n[cluster] {c.run_kubectl('version').strip()}")
+        yield c
 
 
 @pytest.fixture(scope="session")

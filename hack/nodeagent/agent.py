@@ -283,7 +283,8 @@ class NodeAgent:
             seen.add(uid)
             node = pod.spec.node_name
             if not node:
-                if pod.metadata.deletion_timestamp is None:
+                # As a scheduler: a pod with scheduling gates (Kueue's admission gate) waits until they are lifted.
+                if pod.metadata.deletion_timestamp is None and not pod.spec.scheduling_gates:
                     self._bind(pod)
                 continue
             if node != self.node_name:

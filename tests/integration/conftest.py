@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client, config
 
-from tests.conftest import CRDS, Cluster, _kubectl_binary, dump_namespace
+from tests.conftest import Cluster, dump_namespace, local_cluster
 from tests.integration.gpucluster import Operator, bound_claim, make_ns
 from tests.integration.gpunodes import GpuNodes
 from tests.integration.harness import Jobs
@@ -21,23 +21,8 @@ from tests.integration.harness import Jobs
 def sched(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """A control plane of its own, with kube-scheduler (the session's has none: its pods stay unbound), and the
     kube-controller-manager controllers a module names in ``EXTRA_CONTROLLERS``."""
-    from hack.localcluster.cluster import LocalCluster, ensure_binaries
-
-    ensure_binaries()
-    local = LocalCluster(scheduler=True, extra_controllers=getattr(request.module, "EXTRA_CONTROLLERS", ()))
-    local.start()
-    c = Cluster(kubeconfig=local.kubeconfig, kubectl=_kubectl_binary(), owned=True)
-    crds = sorted(CRDS.glob("*.yaml"))
-    for f in crds:
-        c.run_kubectl("apply", "--server-side", "-f", str(f))
-    c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"-f={f}" for f in crds])
-    try:
+    with local_cluster(scheduler=True, extra_controllers=getattr(request.module, "EXTRA_CONTROLLERS", ())) as c:
         yield c
-    finally:
-        try:
-            local.check()
-        finally:
-            local.stop()
 
 
 @pytest.fixture(scope="module")

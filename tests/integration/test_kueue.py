@@ -23,15 +23,22 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from hack.kueue import LocalKueue
-from tests.conftest import Cluster, _kubectl_binary
+from tests.conftest import Cluster
 from tests.integration.gpucluster import gpu_job
 from tests.integration.gpunodes import GpuNodes
 from tests.integration.harness import FakeKubelet, Jobs
+from tests.kueueobjects import (
+    KQ,
+    Kueue,
+    create_queues,
+    delete_cluster_queue,
+    queued_condition,
+    queued_labels,
+    running_kueue,
+)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kueue, pytest.mark.gpu_nodes(4)]
-KQ = ("kueue.x-k8s.io", "v1beta2")
-MANAGED = ("finetune.dev/kueue-test", "managed")
 GRACE = 45  # the jobs' terminationGracePeriodSeconds: a preempted gang must get all of it
 # PodGC, as in every cluster: a deleted pod that was never scheduled (a queued gang's, gated) is marked Failed and
 # removed by it; Kueue then finishes the group and lifts its finalizer. Every pod here is bound to a Node that exists.
@@ -40,94 +47,26 @@ EXTRA_CONTROLLERS = ("pod-garbage-collector-controller",)
 
 @pytest.fixture(scope="module")
 def kueue(sched: Cluster, api: client.ApiClient) -> Iterator[LocalKueue]:
-    kq = LocalKueue(sched.kubeconfig, managed_label=MANAGED, kubectl=_kubectl_binary()).start()
-    co = client.CustomObjectsApi(api)
-    co.create_cluster_custom_object(*KQ, "resourceflavors", {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "gpu"}})
-    for name, value in (("low", 100), ("high", 1000)):
-        co.create_cluster_custom_object(*KQ, "workloadpriorityclasses", {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": name},
-            "value": value})
-    try:
+    with running_kueue(sched, api) as kq:
         yield kq
-    finally:
-        try:
-            kq.check()
-        finally:
-            kq.stop()
 
 
 @pytest.fixture
 def queue(request: pytest.FixtureRequest, kueue: LocalKueue, sched: Cluster, api: client.ApiClient,
           ns: str) -> Iterator[str]:
     """LocalQueue ``team`` in the test's namespace (managed by Kueue), on a ClusterQueue of its own with 16 GPUs."""
-    sched.run_kubectl("label", "namespace", ns, f"{MANAGED[0]}={MANAGED[1]}")
-    co = client.CustomObjectsApi(api)
-    cq = f"cq-{ns}"
-    co.create_cluster_custom_object(*KQ, "clusterqueues", {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
-        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                 "preemption": {"withinClusterQueue": "LowerPriority"},
-                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"], "flavors": [{
-                     "name": "gpu", "resources": [{"name": "cpu", "nominalQuota": "1000"},
-                                                  {"name": "memory", "nominalQuota": "10Ti"},
-                                                  {"name": "nvidia.com/gpu", "nominalQuota": "16"}]}]}]}})
-    co.create_namespaced_custom_object(*KQ, ns, "localqueues", {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team"},
-        "spec": {"clusterQueue": cq}})
-    yield "team"
+    yield create_queues(sched, api, ns, {"cpu": "1000", "memory": "10Ti", "nvidia.com/gpu": "16"})
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         print("==== kueue log (tail) ====\n" + kueue.log_tail(80))
         print(sched.run_kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "yaml", check=False))
-    # The namespace's deletion removes the pods and so (garbage collector) their Workloads; the queue goes with it.
-    co.delete_cluster_custom_object(*KQ, "clusterqueues", cq)
+    delete_cluster_queue(api, ns)
 
 
 def queued_job(name: str, *, priority: str | None = None) -> dict[str, Any]:
     j = gpu_job(name, nodes=2).set("queueName", "team").set("terminationGracePeriodSeconds", GRACE)
-    labels = {"kueue.x-k8s.io/priority-class": priority} if priority else {}
-    j.obj["spec"]["podTemplate"]["labels"] = labels
+    j.obj["spec"]["podTemplate"]["labels"] = queued_labels(priority)
     return j.build()
-
-
-class Kueue:
-    """Reads of Kueue's objects for one test namespace."""
-
-    def __init__(self, api: client.ApiClient, ns: str) -> None:
-        self.co = client.CustomObjectsApi(api)
-        self.ns = ns
-
-    def workloads(self) -> dict[str, dict[str, Any]]:
-        items = self.co.list_namespaced_custom_object(*KQ, self.ns, "workloads")["items"]
-        return {w["metadata"]["name"]: w for w in items}
-
-    def condition(self, workload: str, ctype: str) -> bool:
-        w = self.workloads().get(workload) or {}
-        return any(c["type"] == ctype and c["status"] == "True" for c in (w.get("status") or {}).get("conditions", []))
-
-    def reservations(self, workload: str) -> int:
-        """How often Kueue reserved quota for ``workload`` (its QuotaReserved events)."""
-        events = client.CoreV1Api(self.co.api_client).list_namespaced_event(
-            self.ns, field_selector=f"involvedObject.name={workload},reason=QuotaReserved").items
-        return sum(e.count or 1 for e in events)
-
-    def reserving(self) -> list[str]:
-        """The Workloads that hold quota now: reserved and not finished."""
-        return sorted(name for name in self.workloads()
-                      if self.condition(name, "QuotaReserved") and not self.condition(name, "Finished"))
-
-    def gpus_reserved(self) -> int:
-        cq = self.co.get_cluster_custom_object(*KQ, "clusterqueues", f"cq-{self.ns}")
-        for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
-            for r in flavor["resources"]:
-                if r["name"] == "nvidia.com/gpu":
-                    return int(r["total"])
-        return 0
-
-    def wait_gpus(self, gpus: int) -> None:
-        """The ClusterQueue's GPU reservation reaches ``gpus`` (Kueue writes its status a moment after it admits)."""
-        wait_for(lambda: self.gpus_reserved() == gpus, timeout=60, what=f"{gpus} GPUs reserved in the ClusterQueue")
 
 
 @dataclass
@@ -162,17 +101,11 @@ def gated(jobs: Jobs, job: str) -> list[str]:
             if any(g.name == "kueue.x-k8s.io/admission" for g in p.spec.scheduling_gates or [])]
 
 
-def queued_condition(jobs: Jobs, job: str, says: str = "") -> dict[str, Any]:
-    """Condition Queued=True once its message has Kueue's ``says`` (the operator re-reads the Workload every 10 s)."""
-    return wait_for(lambda: (c := jobs.condition(job, "Queued")) and c["status"] == "True" and says in c["message"]
-                    and c, timeout=60, what=f"{job}: condition Queued=True saying {says!r}")
-
-
 def test_a_gang_waits_for_quota_and_is_admitted_whole(t: Tier) -> None:
     t.jobs.create(queued_job("a"))
     t.jobs.wait_state("a", "Running", timeout=90)
     assert t.kq.condition("a-attempt-0", "Admitted") and t.kq.reserving() == ["a-attempt-0"]
-    t.kq.wait_gpus(16)
+    t.kq.wait_reserved("nvidia.com/gpu", 16)
     t.jobs.create(queued_job("b"))
     cond = queued_condition(t.jobs, "b", "insufficient")
     assert "insufficient" in cond["message"] and "nvidia.com/gpu" in cond["message"], cond  # Kueue's own words
@@ -238,7 +171,7 @@ def test_a_gang_restart_gives_quota_back_and_takes_it_once(t: Tier) -> None:
              what="attempt 0's Workload finished")
     assert set(t.kq.workloads()) <= {"r-attempt-0", "r-attempt-1"}  # one Workload per attempt
     assert t.kq.reserving() == ["r-attempt-1"]  # one gang's quota, not two
-    t.kq.wait_gpus(16)
+    t.kq.wait_reserved("nvidia.com/gpu", 16)
     # each attempt took the quota exactly once: the finished attempt was never admitted again
     assert [t.kq.reservations(f"r-attempt-{a}") for a in (0, 1)] == [1, 1]
 

@@ -1,0 +1,124 @@
+"""Kueue's objects as the Kueue tiers use them (tests/integration/test_kueue.py with fake GPU nodes,
+tests/e2e/test_kueue.py with real training): a real Kueue started for a control plane with its ResourceFlavor and
+WorkloadPriorityClasses, a ClusterQueue and LocalQueue per test namespace, and reads of Workloads and quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kubernetes import client
+
+from hack.kueue import LocalKueue
+from tests.conftest import Cluster
+from tests.waiting import wait_for
+
+KQ = ("kueue.x-k8s.io", "v1beta2")
+MANAGED = ("finetune.dev/kueue-test", "managed")  # the namespace label whose namespaces Kueue manages
+FLAVOR = "default"
+LOCAL_QUEUE = "team"
+PRIORITIES = {"low": 100, "high": 1000}  # WorkloadPriorityClasses, named by the pod label kueue.x-k8s.io/priority-class
+
+
+def _object(kind: str, name: str, **body: Any) -> dict[str, Any]:
+    return {"apiVersion": "/".join(KQ), "kind": kind, "metadata": {"name": name}, **body}
+
+
+@contextmanager
+def running_kueue(c: Cluster, api: client.ApiClient) -> Iterator[LocalKueue]:
+    """Kueue's controller manager for ``c``, with the ResourceFlavor and the priority classes; checked (it did not
+    die) and stopped at the end."""
+    kq = LocalKueue(c.kubeconfig, managed_label=MANAGED, kubectl=c.kubectl).start()
+    co = client.CustomObjectsApi(api)
+    co.create_cluster_custom_object(*KQ, "resourceflavors", _object("ResourceFlavor", FLAVOR))
+    for name, value in PRIORITIES.items():
+        co.create_cluster_custom_object(*KQ, "workloadpriorityclasses",
+                                        _object("WorkloadPriorityClass", name, value=value))
+    try:
+        yield kq
+    finally:
+        try:
+            kq.check()
+        finally:
+            kq.stop()
+
+
+def cluster_queue_name(ns: str) -> str:
+    return f"cq-{ns}"
+
+
+def create_queues(c: Cluster, api: client.ApiClient, ns: str, quota: dict[str, str]) -> str:
+    """Label ``ns`` for Kueue, give it a ClusterQueue of its own with ``quota`` (preemption of lower priorities
+    within it) and LocalQueue ``team`` on it; returns the LocalQueue's name."""
+    c.run_kubectl("label", "namespace", ns, f"{MANAGED[0]}={MANAGED[1]}")
+    co = client.CustomObjectsApi(api)
+    co.create_cluster_custom_object(*KQ, "clusterqueues", _object("ClusterQueue", cluster_queue_name(ns), spec={
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        "preemption": {"withinClusterQueue": "LowerPriority"},
+        "resourceGroups": [{"coveredResources": list(quota), "flavors": [{
+            "name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}]}]}))
+    local = _object("LocalQueue", LOCAL_QUEUE, spec={"clusterQueue": cluster_queue_name(ns)})
+    co.create_namespaced_custom_object(*KQ, ns, "localqueues", local)
+    return LOCAL_QUEUE
+
+
+def delete_cluster_queue(api: client.ApiClient, ns: str) -> None:
+    """The namespace's deletion removes the pods and so (garbage collector) their Workloads; the LocalQueue goes
+    with it. The ClusterQueue is cluster-scoped."""
+    client.CustomObjectsApi(api).delete_cluster_custom_object(*KQ, "clusterqueues", cluster_queue_name(ns))
+
+
+def queued_labels(priority: str | None) -> dict[str, str]:
+    """The pod template labels that give a job's Workloads a WorkloadPriorityClass."""
+    return {"kueue.x-k8s.io/priority-class": priority} if priority else {}
+
+
+class Kueue:
+    """Reads of Kueue's objects for one test namespace."""
+
+    def __init__(self, api: client.ApiClient, ns: str) -> None:
+        self.co = client.CustomObjectsApi(api)
+        self.ns = ns
+
+    def workloads(self) -> dict[str, dict[str, Any]]:
+        items = self.co.list_namespaced_custom_object(*KQ, self.ns, "workloads")["items"]
+        return {w["metadata"]["name"]: w for w in items}
+
+    def condition(self, workload: str, ctype: str) -> bool:
+        w = self.workloads().get(workload) or {}
+        return any(c["type"] == ctype and c["status"] == "True" for c in (w.get("status") or {}).get("conditions", []))
+
+    def reservations(self, workload: str) -> int:
+        """How often Kueue reserved quota for ``workload`` (its QuotaReserved events)."""
+        events = client.CoreV1Api(self.co.api_client).list_namespaced_event(
+            self.ns, field_selector=f"involvedObject.name={workload},reason=QuotaReserved").items
+        return sum(e.count or 1 for e in events)
+
+    def reserving(self) -> list[str]:
+        """The Workloads that hold quota now: reserved and not finished."""
+        return sorted(name for name in self.workloads()
+                      if self.condition(name, "QuotaReserved") and not self.condition(name, "Finished"))
+
+    def reserved(self, resource: str) -> int:
+        """How much of ``resource`` the namespace's ClusterQueue has reserved now (whole units)."""
+        cq = self.co.get_cluster_custom_object(*KQ, "clusterqueues", cluster_queue_name(self.ns))
+        for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
+            for r in flavor["resources"]:
+                if r["name"] == resource:
+                    return int(r["total"])
+        return 0
+
+    def wait_reserved(self, resource: str, amount: int) -> None:
+        """The ClusterQueue's reservation of ``resource`` reaches ``amount`` (Kueue writes its status a moment after
+        it admits)."""
+        wait_for(lambda: self.reserved(resource) == amount, timeout=60,
+                 what=f"{amount} {resource} reserved in the ClusterQueue")
+
+
+def queued_condition(jobs: Any, job: str, says: str = "", timeout: float = 60) -> dict[str, Any]:
+    """Condition Queued=True once its message has Kueue's ``says`` (the operator re-reads the Workload every 10 s).
+    ``jobs``: a tests.integration.harness.Jobs."""
+    return wait_for(lambda: (c := jobs.condition(job, "Queued")) and c["status"] == "True" and says in c["message"]
+                    and c, timeout=timeout, what=f"{job}: condition Queued=True saying {says!r}")
