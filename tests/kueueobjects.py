@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from finetune_operator.kueue import group_name
 from kubernetes import client
 
 from hack.kueue import LocalKueue
 from tests.conftest import Cluster
+from tests.integration.harness import GROUP, PLURAL, VERSION
 from tests.waiting import wait_for
 
 KQ = ("kueue.x-k8s.io", "v1beta2")
@@ -81,6 +83,11 @@ class Kueue:
     def __init__(self, api: client.ApiClient, ns: str) -> None:
         self.co = client.CustomObjectsApi(api)
         self.ns = ns
+
+    def wl(self, job: str, attempt: int) -> str:
+        """The name of the Workload of ``job``'s ``attempt`` (its pod group's: the job's name, attempt and uid)."""
+        uid = self.co.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, job)["metadata"]["uid"]
+        return group_name(job, attempt, uid)
 
     def workloads(self) -> dict[str, dict[str, Any]]:
         items = self.co.list_namespaced_custom_object(*KQ, self.ns, "workloads")["items"]

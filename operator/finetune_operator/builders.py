@@ -259,7 +259,7 @@ def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list
 
 def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: Settings) -> dict[str, Any]:
     name = pod_name(ref.name, rank)
-    kueue_labels, kueue_annotations = kueue.pod_metadata(spec.queue_name, ref.name, attempt, spec.nodes)
+    kueue_labels, kueue_annotations = kueue.pod_metadata(spec.queue_name, ref.name, ref.uid, attempt, spec.nodes)
     labels = {**spec.pod_template.labels, **kueue_labels, **common_labels(ref.name, "trainer"),
               LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}
     annotations = {**spec.pod_template.annotations, **kueue_annotations}

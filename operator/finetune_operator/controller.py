@@ -60,6 +60,7 @@ class Controller:
         self.scraper = Scraper(interval=settings.progress_interval_seconds, on_done=lambda key: self.requeue(key, 0))
         # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
         self.active: Callable[[], bool] = lambda: True
+        self._workloads_forbidden = False  # no RBAC to read Kueue's Workloads: said once in the log
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._guard:
@@ -224,14 +225,22 @@ class Controller:
                 lost[node_name] = why
         return lost
 
-    def _queue(self, job: Job) -> WorkloadState | None:
-        """Kueue's Workload of the job's current attempt, while Kueue holds its pods. None when it cannot be read
-        (no ``workloads: get`` for the operator): the status then says only that the pods wait for Kueue."""
+    def _queue(self, job: Job) -> WorkloadState:
+        """Kueue's word on the Workload of the job's current attempt, while Kueue holds its pods. Without
+        ``workloads: get`` (the chart's kueue.enabled), the status says only that Kueue holds the pods."""
         try:
-            wl = self.kube.get_workload(job.ref.namespace, kueue.group_name(job.ref.name, job.status.attempt))
+            wl = self.kube.get_workload(job.ref.namespace,
+                                        kueue.group_name(job.ref.name, job.status.attempt, job.ref.uid))
         except ApiError as e:
+            if e.code == 403:
+                if not self._workloads_forbidden:
+                    log.warning("the operator may not read Kueue's Workloads (%s): queued jobs will not show Kueue's "
+                                "reason; install the chart with kueue.enabled=true", e.message)
+                self._workloads_forbidden = True
+                return kueue.UNREADABLE
             log.warning("%s/%s: cannot read its Kueue Workload: %s", job.ref.namespace, job.ref.name, e)
-            return None
+            return WorkloadState(False, "Queued", f"Kueue holds the attempt's pods (its Workload could not be read: "
+                                 f"{e.message[:200]})")
         return kueue.read_workload(wl)
 
     def _act(self, key: Key, job: Job, observed: Observed) -> Plan | None:
@@ -239,8 +248,7 @@ class Controller:
         pods = self._pods(key)
         if self.settings.force_delete != "never" and (lost := self._lost_nodes(pods)):
             observed = replace(observed, lost_nodes=lost)
-        if job.spec is not None and job.spec.queue_name and any(
-                p.gated and p.attempt == job.status.attempt for p in pods):
+        if job.spec is not None and any(p.gated and p.attempt == job.status.attempt for p in pods):
             observed = replace(observed, queue=self._queue(job))
         plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
                       observed=observed)

@@ -67,8 +67,9 @@ def _container_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
-    """Kubernetes' DisruptionTarget (eviction, preemption, taint) or Kueue's TerminationTarget (its Workload was
-    evicted: preempted, or the queue stopped): either way the pod goes for a reason outside the job."""
+    """Kubernetes' DisruptionTarget (eviction, preemption, taint) or Kueue's TerminationTarget (Kueue stops the group:
+    its Workload evicted, preempted or its queue stopped, or deleted): either way the pod goes for a reason outside the
+    job."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") in ("DisruptionTarget", TERMINATION_TARGET) and c.get("status") == "True":
             return dict(c)
@@ -96,10 +97,10 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
     if disruption is not None or status.get("reason") in ("Evicted", "Preempting", "Terminated"):
         why = (disruption or {}).get("reason") or status.get("reason") or ""
         msg = (disruption or {}).get("message") or status.get("message") or why
-        # Kueue's reason is WorkloadEvicted; that it was a preemption is in the message.
+        # Kueue's reason is WorkloadEvictedDueTo<why> (…DueToPreempted for a preemption); its message says why too.
         reason = "Preempted" if "Preempt" in why or "Preempted" in msg else "Evicted"
         if (disruption or {}).get("type") == TERMINATION_TARGET:
-            msg = f"Kueue evicted the attempt's Workload: {msg}"
+            msg = f"Kueue stopped the attempt's pod group: {msg}"
         return Failure(reason, f"{reason.lower()}: {msg}", disruption=True)
     if pod["metadata"].get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
         return Failure("PodDeleted", f"pod {pod['metadata']['name']} was deleted while the attempt ran",

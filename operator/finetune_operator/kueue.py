@@ -5,6 +5,10 @@ Each attempt is one pod group, so one Workload, named for the attempt. The opera
 group (a failed rank restarts the whole gang as the next attempt), so every pod says so up front with
 ``retriable-in-group: "false"``: Kueue then finishes the attempt's Workload, and gives its quota back, as soon as all of
 the attempt's pods are terminal, instead of holding it for replacement pods that never come.
+
+The group metadata is on every trainer pod, with or without ``spec.queueName``: Kueue also queues pods that name no
+queue (a namespace's LocalQueue ``default``, or ``manageJobsWithoutQueueName``), and those must be admitted as one
+gang too. Where Kueue does not manage the pods, the labels are inert.
 """
 
 from __future__ import annotations
@@ -18,24 +22,31 @@ GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"  # the scheduling gate Kueue's pod webhook adds, and lifts on admission
-TERMINATION_TARGET = "TerminationTarget"  # the pod condition Kueue sets before it deletes an evicted group's pods
+GATE_PREFIX = "kueue.x-k8s.io/"  # Kueue's gates: admission, and topology (lifted after admission when TAS is unused)
+TERMINATION_TARGET = "TerminationTarget"  # the pod condition Kueue sets before it stops a group's pods
 WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
 
 
-def group_name(job: str, attempt: int) -> str:
-    """The attempt's pod group, and so its Workload's name: unique per job and attempt, at most 63 characters."""
-    group = f"{job}-attempt-{attempt}"
+def group_name(job: str, attempt: int, uid: str) -> str:
+    """The attempt's pod group, and so its Workload's name (Kueue names a group's Workload after the group): unique
+    per job and attempt, at most 63 characters. A piece of the job's uid keeps a job deleted and created again under
+    the same name away from the first one's finished Workloads (Kueue would adopt a Workload of the same name, finished,
+    and never admit the new pods)."""
+    group = f"{job}-attempt-{attempt}-{uid[:6]}"
     if len(group) > 63:  # a label value
-        group = f"{job[:40]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}-a{attempt}"
+        group = f"{job[:40]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}-a{attempt}-{uid[:6]}"
     return group
 
 
-def pod_metadata(queue: str | None, job: str, attempt: int, nodes: int) -> tuple[dict[str, str], dict[str, str]]:
-    """(labels, annotations) that put an attempt's pods in one Kueue pod group; none without a queue."""
-    if not queue:
-        return {}, {}
-    return ({QUEUE_LABEL: queue, GROUP_LABEL: group_name(job, attempt)},
-            {TOTAL_COUNT_ANNOTATION: str(nodes), RETRIABLE_ANNOTATION: "false"})
+def pod_metadata(queue: str | None, job: str, uid: str, attempt: int,
+                 nodes: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) that put an attempt's pods in one Kueue pod group, in LocalQueue ``queue`` if given."""
+    labels = {GROUP_LABEL: group_name(job, attempt, uid), **({QUEUE_LABEL: queue} if queue else {})}
+    return labels, {TOTAL_COUNT_ANNOTATION: str(nodes), RETRIABLE_ANNOTATION: "false"}
+
+
+def is_kueue_gate(name: str) -> bool:
+    return name.startswith(GATE_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -47,18 +58,26 @@ class WorkloadState:
     message: str
 
 
+UNREADABLE = WorkloadState(False, "Queued", "Kueue holds the attempt's pods until it admits the whole gang (the "
+                           "operator may not read Kueue's Workloads: install the chart with kueue.enabled=true for "
+                           "Kueue's reason)")
+
+
 def read_workload(workload: dict[str, Any] | None) -> WorkloadState:
-    """Kueue's word on the Workload: QuotaReserved (and Admitted) with its reason and message."""
+    """Kueue's word on the Workload: why it waits, from its conditions. Evicted first (why it was stopped); once quota
+    is reserved, the Admitted condition (admission checks pending); before that, QuotaReserved (why the quota does not
+    fit)."""
     if workload is None:
         return WorkloadState(False, "WaitingForWorkload", "Kueue has not created the attempt's Workload yet")
     conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
     admitted = conditions.get("Admitted") or {}
     if admitted.get("status") == "True":
         return WorkloadState(True, "Admitted", str(admitted.get("message") or "admitted by Kueue"))
-    for ctype in ("Evicted", "QuotaReserved", "Admitted"):
-        c = conditions.get(ctype) or {}
-        if ctype == "Evicted" and c.get("status") != "True":
-            continue
+    evicted = conditions.get("Evicted") or {}
+    reserved = (conditions.get("QuotaReserved") or {}).get("status") == "True"
+    order = ("Admitted", "QuotaReserved") if reserved else ("QuotaReserved", "Admitted")
+    candidates = [evicted] if evicted.get("status") == "True" else []
+    for c in [*candidates, *(conditions.get(t) or {} for t in order)]:
         if c.get("message"):
             return WorkloadState(False, str(c.get("reason") or "Pending"), str(c["message"]))
     return WorkloadState(False, "Pending", "waiting for Kueue to consider the Workload")

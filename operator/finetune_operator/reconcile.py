@@ -205,9 +205,12 @@ def _suspend(p: _Pass, spec: JobSpec, gang: Gang) -> None:
 
 
 def _deadline_passed(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
-    """spec.activeDeadlineSeconds, counted from startTime (resuming restarts the clock)."""
+    """spec.activeDeadlineSeconds, counted from startTime (resuming restarts the clock). A job queued in Kueue since
+    it started (or resumed) has not started yet: its clock starts when Kueue admits it."""
     started = p.st.start_time
     if not spec.active_deadline_seconds or started is None or p.was == SUSPENDED:
+        return False
+    if _queued_since_start(p.st) and any(pod.gated for pod in gang.current):
         return False
     remaining = spec.active_deadline_seconds - (p.now - started).total_seconds()
     if remaining > 0:
@@ -289,8 +292,8 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
     st = p.st
     failure = _first_failure(p, spec, gang)
     queued = any(pod.gated for pod in gang.current)
-    if not queued and failure is None:
-        _admitted(p, spec)
+    if gang.current and not queued:
+        _admitted(p)
     if failure is not None:
         _restart_or_fail(p, spec, gang.current, failure)
     elif len(gang.current) == spec.nodes and gang.succeeded == spec.nodes:
@@ -310,39 +313,51 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         p.transition(RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods "
                      "running")
     elif queued:
-        _queued(p, spec, queue)
+        _queued(p, gang, queue)
     else:
         _ranks_wait(p, spec, gang)
 
 
-def _queued(p: _Pass, spec: JobSpec, queue: WorkloadState | None) -> None:
-    """Kueue holds the attempt's pods (its admission gate) until the whole group fits its ClusterQueue's quota:
+def _queued_since_start(st: Status) -> bool:
+    """The attempt was created when the job started (or resumed): while it is queued, the job has not started."""
+    return st.start_time is not None and st.start_time == st.attempt_start_time
+
+
+def _workload(p: _Pass) -> str:
+    return group_name(p.job.ref.name, p.st.attempt, p.job.ref.uid)
+
+
+def _queued(p: _Pass, gang: Gang, queue: WorkloadState | None) -> None:
+    """Kueue holds the attempt's pods (its scheduling gates) until the whole group fits its ClusterQueue's quota:
     condition Queued=True with Kueue's reason and message, one event when the attempt starts waiting. The message
-    moves as the queue does, so it is read again every few seconds; the gate's removal is a pod event."""
+    moves as the queue does, so it is read again every few seconds; the gates' removal is a pod event. The LocalQueue
+    is the pods' own label: spec.queueName when they were created, or the one Kueue gave them (its default)."""
     st = p.st
     st.state = CREATED if p.was != RESTARTING else p.was
     queue = queue or read_workload(None)
-    text = (f"attempt {st.attempt}: waiting for Kueue to admit Workload {group_name(p.job.ref.name, st.attempt)} "
-            f"(LocalQueue {spec.queue_name}): {queue.message}")
+    local = next((pod.queue for pod in gang.current if pod.queue), None)
+    where = f"LocalQueue {local}" if local else "its pods name no LocalQueue"
+    text = f"attempt {st.attempt}: waiting for Kueue to admit Workload {_workload(p)} ({where}): {queue.message}"
     before = p.job.status.condition("Queued")
     st.set_condition("Queued", True, queue.reason, text, now=p.now)
     st.set_condition("Created", True, "Queued", text, now=p.now)
     if before is None or not before.status:
         p.event("Normal", "Queued", text)
-    p.plan.requeue_after = QUEUE_REFRESH_SECONDS
+    p.plan.requeue_after = min(p.plan.requeue_after or QUEUE_REFRESH_SECONDS, QUEUE_REFRESH_SECONDS)
 
 
-def _admitted(p: _Pass, spec: JobSpec) -> None:
-    """Kueue lifted the gate: Queued=False, and the attempt (its GPU-seconds, its waits) counts from now. The
-    first admission also starts spec.activeDeadlineSeconds' clock, as Kueue's suspend does for a Job."""
+def _admitted(p: _Pass) -> None:
+    """Kueue lifted the gates: Queued=False, and the attempt (its GPU-seconds, its waits) counts from now. The
+    admission of an attempt queued since the job started (or resumed) also starts spec.activeDeadlineSeconds'
+    clock."""
     st = p.st
     before = p.job.status.condition("Queued")
-    if not spec.queue_name or before is None or not before.status:
+    if before is None or not before.status:
         return
-    if st.start_time == st.attempt_start_time:  # queued since the job (or its resume) started
+    if _queued_since_start(st):
         st.start_time = p.now
     st.attempt_start_time = p.now
-    message = f"attempt {st.attempt}: Workload {group_name(p.job.ref.name, st.attempt)} admitted by Kueue"
+    message = f"attempt {st.attempt}: Workload {_workload(p)} admitted by Kueue"
     st.set_condition("Queued", False, "Admitted", message, now=p.now)
     st.set_condition("Created", True, "Admitted", message, now=p.now)
     p.event("Normal", "Admitted", message)
@@ -390,10 +405,8 @@ def _ranks_wait(p: _Pass, spec: JobSpec, gang: Gang) -> None:
 def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
     """Account the attempt that ends now: GPU-seconds used and, for a restart, the work thrown away."""
     st = p.st
-    queued = st.condition("Queued")
-    if queued is not None and queued.status:
-        st.set_condition("Queued", False, "AttemptEnded", f"attempt {st.attempt} ended before Kueue admitted it",
-                         now=p.now)
+    if _leave_queue(p):  # never admitted: it used no GPU and trained nothing
+        return
     if st.attempt_start_time is None:
         return
     seconds = (p.now - st.attempt_start_time).total_seconds()
@@ -464,8 +477,19 @@ def _fail(p: _Pass, pods: list[PodState], failure: Failure, *, keep: str | None)
     p.transition(FAILED, failure.reason, failure.message, warning=True)
 
 
+def _leave_queue(p: _Pass) -> bool:
+    """The attempt ends while Kueue still holds it: Queued=False. Whether it was queued."""
+    queued = p.st.condition("Queued")
+    if queued is None or not queued.status:
+        return False
+    p.st.set_condition("Queued", False, "AttemptEnded", f"attempt {p.st.attempt} ended before Kueue admitted it",
+                       now=p.now)
+    return True
+
+
 def _refuse(p: _Pass, pods: list[PodState], *, reason: str, message: str) -> None:
     """Fail a job the operator will not run (InvalidSpec, QuotaExceeded): one Warning event, no pods, no retry."""
+    _leave_queue(p)
     st, old = p.st, p.job.status
     if old.failure is None or old.failure.message != message[:1024]:
         p.event("Warning", reason, message)

@@ -22,6 +22,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # MIG slices (mixed strategy), e.g. nvidia.com/mig-1g.10gb
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 54  # "<name>-node-511" must fit a 63-character DNS label
+QUEUE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a LocalQueue name that is a label value
 
 # Env names the operator owns (the rendezvous contract); the CRD rejects them too.
 RESERVED_ENV = frozenset({
@@ -426,6 +427,11 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     if output.push_to_hub and output.push_to_hub.secret is None and not tok:
         raise SpecError("spec.output.pushToHub.secretRef", "pushing to the Hub needs a token with write access: "
                         "name a Secret key holding one (or set spec.hfTokenSecretRef)")
+    queue = spec.get("queueName")
+    if queue is not None and not QUEUE_RE.match(str(queue)):
+        raise SpecError("spec.queueName", f"{queue!r} must name a LocalQueue: at most 63 lowercase letters, digits, "
+                        "'-' and '.', beginning and ending with a letter or digit (it becomes the pod label "
+                        "kueue.x-k8s.io/queue-name)")
     cache_d = spec.get("cache")
     if cache_d is not None and not cache_d.get("claimName"):
         raise SpecError("spec.cache.claimName", "is required: a ReadWriteMany claim for the shared Hugging Face cache")
@@ -474,7 +480,7 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         suspend=bool(spec.get("suspend", False)),
         termination_grace_period_seconds=int(_get(spec, "terminationGracePeriodSeconds", 120)),
         rendezvous_timeout_seconds=int(_get(spec, "rendezvousTimeoutSeconds", 300)),
-        shm_size=str(_get(spec, "shmSize", "1Gi")), queue_name=spec.get("queueName"),
+        shm_size=str(_get(spec, "shmSize", "1Gi")), queue_name=queue,
         pod_template=pod_template, cache=cache,
         network=Network(host_network=bool(net.get("hostNetwork", False)), rdma=bool(net.get("rdma", False))),
         pod_disruption_budget=bool((_get(spec, "podDisruptionBudget", {})).get("enabled", False)),

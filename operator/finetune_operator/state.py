@@ -10,7 +10,7 @@ from typing import Any
 
 from finetune_operator.builders import JobRef
 from finetune_operator.failures import Failure, WaitingProblem, classify_pod, waiting_problem
-from finetune_operator.kueue import ADMISSION_GATE
+from finetune_operator.kueue import QUEUE_LABEL, is_kueue_gate
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
 from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
 from finetune_operator.status import Status, parse_ts
@@ -76,7 +76,8 @@ class PodState:
     waiting: WaitingProblem | None  # failures.waiting_problem
     node: str | None = None  # spec.nodeName: where it was scheduled
     finalizers: bool = False  # metadata.finalizers holds something (a deletion then waits for it)
-    gated: bool = False  # held by Kueue's admission scheduling gate: queued, not admitted yet
+    gated: bool = False  # held by Kueue's scheduling gates: queued, not admitted yet
+    queue: str | None = None  # the LocalQueue Kueue queues it in (its label: spec.queueName, or Kueue's default)
 
     @property
     def deleting(self) -> bool:
@@ -105,8 +106,8 @@ def read_pod(wire: dict[str, Any]) -> PodState:
                     phase=str(status.get("phase") or "Pending"), deletion=parse_ts(meta.get("deletionTimestamp")),
                     ip=status.get("podIP"), failure=classify_pod(wire), waiting=waiting_problem(wire),
                     node=(wire.get("spec") or {}).get("nodeName"), finalizers=bool(meta.get("finalizers")),
-                    gated=any(g.get("name") == ADMISSION_GATE for g in (wire.get("spec") or {}).get("schedulingGates")
-                              or []))
+                    gated=any(is_kueue_gate(str(g.get("name"))) for g in (wire.get("spec") or {}).get("schedulingGates")
+                              or []), queue=labels.get(QUEUE_LABEL))
 
 
 def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:

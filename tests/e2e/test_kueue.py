@@ -85,7 +85,7 @@ def test_preempted_gang_checkpoints_requeues_and_resumes(e2e: E2E, kq: Kueue) ->
                                     **{"training.maxSteps": 400, "training.checkpointEverySteps": 50}))
     first = wait_for(lambda: e2e.complete_checkpoints("low"), timeout=TRAIN_TIMEOUT, what="low's first checkpoint",
                      interval=0.5)[-1]
-    assert kq.reserving() == ["low-attempt-0"]
+    assert kq.reserving() == [kq.wl("low", 0)]
 
     e2e.jobs.create(queued_tiny_job("high", "high", **{"training.maxSteps": 40, "training.checkpointEverySteps": 20}))
     st = wait_for(lambda: (s := e2e.jobs.status("low")).get("attempt") == 1 and s, timeout=GRACE + 60,
@@ -93,8 +93,8 @@ def test_preempted_gang_checkpoints_requeues_and_resumes(e2e: E2E, kq: Kueue) ->
     assert not (e2e.output_dir("low") / "result.json").exists(), "low finished before it was preempted"
     assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 1), st  # maxRestarts 0: a failure would end it
     assert st["failure"]["reason"] == "Preempted" and "Kueue" in st["failure"]["message"], st["failure"]
-    cond = queued_condition(e2e.jobs, "low", "insufficient")  # low-attempt-1 waits while high holds the quota
-    assert "low-attempt-1" in cond["message"], cond
+    cond = queued_condition(e2e.jobs, "low", "insufficient")  # attempt 1 waits while high holds the quota
+    assert kq.wl("low", 1) in cond["message"], cond
     (stopped,) = wait_for(lambda: sigterm_steps(e2e), timeout=30, what="the ranks' SIGTERM checkpoint in the logs")
     assert stopped >= first and stopped in e2e.complete_checkpoints("low"), (stopped, e2e.complete_checkpoints("low"))
 
@@ -110,5 +110,5 @@ def test_preempted_gang_checkpoints_requeues_and_resumes(e2e: E2E, kq: Kueue) ->
     queued = e2e.jobs.condition("low", "Queued")
     assert queued is not None and (queued["status"], queued["reason"]) == ("False", "Admitted"), queued
     # one Workload per attempt; each took the quota once (the preempted one was never admitted again)
-    assert [kq.reservations(f"low-attempt-{a}") for a in (0, 1)] == [1, 1]
+    assert [kq.reservations(kq.wl("low", a)) for a in (0, 1)] == [1, 1]
     assert {p.metadata.labels["finetune.dev/attempt"] for p in e2e.jobs.pods("low")} == {"1"}

@@ -66,6 +66,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("qlora-without-gpus", make_job("x").set("training.lora", {"r": 8, "quantization": "4bit"}).build(),
      "spec.training.lora.quantization"),
     ("sharding-unknown", make_job("x").set("training.sharding", "zero3").build(), "spec.training.sharding"),
+    ("queue-name-not-a-label-value", make_job("x").set("queueName", "Team_A").build(), "spec.queueName"),
+    ("queue-name-too-long", make_job("x").set("queueName", "q" * 64).build(), "spec.queueName"),
 ]
 
 

@@ -104,12 +104,12 @@ def gated(jobs: Jobs, job: str) -> list[str]:
 def test_a_gang_waits_for_quota_and_is_admitted_whole(t: Tier) -> None:
     t.jobs.create(queued_job("a"))
     t.jobs.wait_state("a", "Running", timeout=90)
-    assert t.kq.condition("a-attempt-0", "Admitted") and t.kq.reserving() == ["a-attempt-0"]
+    assert t.kq.condition(t.kq.wl("a", 0), "Admitted") and t.kq.reserving() == [t.kq.wl("a", 0)]
     t.kq.wait_reserved("nvidia.com/gpu", 16)
     t.jobs.create(queued_job("b"))
     cond = queued_condition(t.jobs, "b", "insufficient")
     assert "insufficient" in cond["message"] and "nvidia.com/gpu" in cond["message"], cond  # Kueue's own words
-    assert "b-attempt-0" in cond["message"] and "LocalQueue team" in cond["message"]
+    assert t.kq.wl("b", 0) in cond["message"] and "LocalQueue team" in cond["message"]
     st = t.jobs.status("b")
     assert st["state"] == "Created" and st["reason"] == "Queued", st
     assert len(wait_for(lambda: len(g := gated(t.jobs, "b")) == 2 and g, timeout=30, what="b's two pods gated")) == 2
@@ -118,12 +118,12 @@ def test_a_gang_waits_for_quota_and_is_admitted_whole(t: Tier) -> None:
 
     finish(t, "a")
     assert t.jobs.wait_state("a", "Succeeded", timeout=60)["state"] == "Succeeded"
-    wait_for(lambda: t.kq.condition("a-attempt-0", "Finished"), timeout=60, what="a's Workload finished")
+    wait_for(lambda: t.kq.condition(t.kq.wl("a", 0), "Finished"), timeout=60, what="a's Workload finished")
     st = t.jobs.wait_state("b", "Running", timeout=90)
     queued = t.jobs.condition("b", "Queued")
     assert queued is not None and queued["status"] == "False" and queued["reason"] == "Admitted", queued
     assert counts(st) == (0, 0, 0), st
-    assert t.kq.reserving() == ["b-attempt-0"]
+    assert t.kq.reserving() == [t.kq.wl("b", 0)]
 
 
 def test_preemption_is_a_disruption_and_the_gang_requeues(t: Tier) -> None:
@@ -148,13 +148,13 @@ def test_preemption_is_a_disruption_and_the_gang_requeues(t: Tier) -> None:
     assert st["failure"]["reason"] == "Preempted" and "Kueue" in st["failure"]["message"], st["failure"]
     t.jobs.wait_state("high", "Running", timeout=90)
     cond = queued_condition(t.jobs, "low", "insufficient")  # the next attempt waits for re-admission, Kueue says why
-    assert "low-attempt-1" in cond["message"] and "insufficient" in cond["message"], cond
-    assert t.kq.reserving() == ["high-attempt-0"]  # the preempted attempt holds nothing, its successor waits
+    assert t.kq.wl("low", 1) in cond["message"] and "insufficient" in cond["message"], cond
+    assert t.kq.reserving() == [t.kq.wl("high", 0)]  # the preempted attempt holds nothing, its successor waits
 
     finish(t, "high")
     st = t.jobs.wait_state("low", "Running", timeout=90)
     assert counts(st) == (1, 0, 1), st
-    assert t.kq.reserving() == ["low-attempt-1"] and t.kq.condition("low-attempt-1", "Admitted")
+    assert t.kq.reserving() == [t.kq.wl("low", 1)] and t.kq.condition(t.kq.wl("low", 1), "Admitted")
 
 
 def test_a_gang_restart_gives_quota_back_and_takes_it_once(t: Tier) -> None:
@@ -167,13 +167,14 @@ def test_a_gang_restart_gives_quota_back_and_takes_it_once(t: Tier) -> None:
     assert counts(st)[1:] == (1, 0), st
     # Attempt 0's Workload finished once its pods were terminal; with the pods gone, the garbage collector removes it
     # (its owners are the pods).
-    wait_for(lambda: t.kq.condition("r-attempt-0", "Finished") or "r-attempt-0" not in t.kq.workloads(), timeout=60,
+    wl0 = t.kq.wl("r", 0)
+    wait_for(lambda: t.kq.condition(wl0, "Finished") or wl0 not in t.kq.workloads(), timeout=60,
              what="attempt 0's Workload finished")
-    assert set(t.kq.workloads()) <= {"r-attempt-0", "r-attempt-1"}  # one Workload per attempt
-    assert t.kq.reserving() == ["r-attempt-1"]  # one gang's quota, not two
+    assert set(t.kq.workloads()) <= {wl0, t.kq.wl("r", 1)}  # one Workload per attempt
+    assert t.kq.reserving() == [t.kq.wl("r", 1)]  # one gang's quota, not two
     t.kq.wait_reserved("nvidia.com/gpu", 16)
     # each attempt took the quota exactly once: the finished attempt was never admitted again
-    assert [t.kq.reservations(f"r-attempt-{a}") for a in (0, 1)] == [1, 1]
+    assert [t.kq.reservations(t.kq.wl("r", a)) for a in (0, 1)] == [1, 1]
 
 
 def test_suspend_gives_quota_back_and_a_deleted_queued_job_leaves_no_workload(t: Tier) -> None:
@@ -181,11 +182,13 @@ def test_suspend_gives_quota_back_and_a_deleted_queued_job_leaves_no_workload(t:
     t.jobs.wait_state("s", "Running", timeout=90)
     t.jobs.create(queued_job("waiting"))
     t.jobs.create(queued_job("gone"))
-    queued_condition(t.jobs, "waiting")
-    queued_condition(t.jobs, "gone")
+    queued_condition(t.jobs, "waiting", "insufficient")
+    gone = t.kq.wl("gone", 0)
+    queued_condition(t.jobs, "gone", "insufficient")  # Kueue's own words: its Workload exists and waits
+    assert gone in t.kq.workloads()
 
     t.jobs.delete("gone")  # queued: its pods and its Workload go with it
-    wait_for(lambda: not [w for w in t.kq.workloads() if w.startswith("gone-")] and not t.jobs.pods("gone"),
+    wait_for(lambda: gone not in t.kq.workloads() and not t.jobs.pods("gone"),
              timeout=90, what="the deleted job's pods and Workload to be gone")
 
     t.jobs.patch("s", {"suspend": True})  # suspend: the pods go and the quota with them
@@ -193,11 +196,11 @@ def test_suspend_gives_quota_back_and_a_deleted_queued_job_leaves_no_workload(t:
     t.jobs.wait_state("waiting", "Running", timeout=120)
     t.jobs.patch("s", {"suspend": False})  # resumed: queued again behind the job that took its place
     cond = queued_condition(t.jobs, "s")
-    assert "s-attempt-1" in cond["message"], cond
+    assert t.kq.wl("s", 1) in cond["message"], cond
     finish(t, "waiting")
     assert t.jobs.wait_state("s", "Running", timeout=120)["attempt"] == 1
     try:
-        client.CustomObjectsApi(t.api).get_namespaced_custom_object(*KQ, t.ns, "workloads", "gone-attempt-0")
-        raise AssertionError("gone-attempt-0 still exists")
+        client.CustomObjectsApi(t.api).get_namespaced_custom_object(*KQ, t.ns, "workloads", gone)
+        raise AssertionError(f"{gone} still exists")
     except ApiException as e:
         assert e.status == 404

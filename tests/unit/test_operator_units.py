@@ -135,7 +135,7 @@ def test_pod_is_restricted_and_uses_references_for_secrets() -> None:
     assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in c["env"]
     assert pod["spec"]["affinity"]["podAntiAffinity"]  # multi-node GPU job: one trainer per machine
-    assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "ft-attempt-2"
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "ft-attempt-2-uid-1"
     assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
