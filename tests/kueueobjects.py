@@ -61,9 +61,21 @@ def create_queues(c: Cluster, api: client.ApiClient, ns: str, quota: dict[str, s
         "preemption": {"withinClusterQueue": "LowerPriority"},
         "resourceGroups": [{"coveredResources": list(quota), "flavors": [{
             "name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}]}]}))
-    local = _object("LocalQueue", LOCAL_QUEUE, spec={"clusterQueue": cluster_queue_name(ns)})
-    co.create_namespaced_custom_object(*KQ, ns, "localqueues", local)
-    return LOCAL_QUEUE
+    return create_local_queue(api, ns, LOCAL_QUEUE)
+
+
+def create_local_queue(api: client.ApiClient, ns: str, name: str) -> str:
+    """LocalQueue ``name`` in ``ns`` on the namespace's ClusterQueue, once Kueue has taken it in (Active)."""
+    co = client.CustomObjectsApi(api)
+    co.create_namespaced_custom_object(*KQ, ns, "localqueues", _object(
+        "LocalQueue", name, spec={"clusterQueue": cluster_queue_name(ns)}))
+
+    def active() -> bool:
+        lq = co.get_namespaced_custom_object(*KQ, ns, "localqueues", name)
+        return any(c["type"] == "Active" and c["status"] == "True" for c in (lq.get("status") or {}).get(
+            "conditions", []))
+    wait_for(active, timeout=60, what=f"LocalQueue {ns}/{name} active")
+    return name
 
 
 def delete_cluster_queue(api: client.ApiClient, ns: str) -> None:

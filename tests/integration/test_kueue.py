@@ -30,6 +30,7 @@ from tests.integration.harness import FakeKubelet, Jobs
 from tests.kueueobjects import (
     KQ,
     Kueue,
+    create_local_queue,
     create_queues,
     delete_cluster_queue,
     queued_condition,
@@ -124,6 +125,27 @@ def test_a_gang_waits_for_quota_and_is_admitted_whole(t: Tier) -> None:
     assert queued is not None and queued["status"] == "False" and queued["reason"] == "Admitted", queued
     assert counts(st) == (0, 0, 0), st
     assert t.kq.reserving() == [t.kq.wl("b", 0)]
+
+
+def test_jobs_without_a_queue_name_join_the_namespaces_default_local_queue_whole(t: Tier) -> None:
+    """No spec.queueName in a namespace with a LocalQueue named "default": Kueue gives the pods that queue; they are
+    still one pod group, queued (the job says so) and admitted whole."""
+    create_local_queue(t.api, t.ns, "default")
+    t.jobs.create(queued_job("a"))
+    t.jobs.wait_state("a", "Running", timeout=90)
+    t.jobs.create(gpu_job("d", nodes=2).set("terminationGracePeriodSeconds", GRACE).build())
+    cond = queued_condition(t.jobs, "d", "insufficient")
+    assert "LocalQueue default" in cond["message"] and t.kq.wl("d", 0) in cond["message"], cond
+    labels = [p.metadata.labels for p in t.jobs.live_pods("d")]
+    assert [(lb["kueue.x-k8s.io/queue-name"], lb["kueue.x-k8s.io/pod-group-name"]) for lb in labels] == [
+        ("default", t.kq.wl("d", 0))] * 2
+    assert len(gated(t.jobs, "d")) == 2
+
+    finish(t, "a")
+    st = t.jobs.wait_state("d", "Running", timeout=90)
+    queued = t.jobs.condition("d", "Queued")
+    assert queued is not None and (queued["status"], queued["reason"]) == ("False", "Admitted"), (queued, st)
+    assert t.kq.reserving() == [t.kq.wl("d", 0)]
 
 
 def test_preemption_is_a_disruption_and_the_gang_requeues(t: Tier) -> None:
