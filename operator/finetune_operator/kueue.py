@@ -21,8 +21,9 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
-ADMISSION_GATE = "kueue.x-k8s.io/admission"  # the scheduling gate Kueue's pod webhook adds, and lifts on admission
-GATE_PREFIX = "kueue.x-k8s.io/"  # Kueue's gates: admission, and topology (lifted after admission when TAS is unused)
+# Kueue's scheduling gates: kueue.x-k8s.io/admission, lifted on admission, and kueue.x-k8s.io/topology where
+# topology-aware scheduling is on (lifted after admission when the Workload does not use it).
+GATE_PREFIX = "kueue.x-k8s.io/"
 TERMINATION_TARGET = "TerminationTarget"  # the pod condition Kueue sets before it stops a group's pods
 WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
 
