@@ -78,9 +78,17 @@ def create_local_queue(api: client.ApiClient, ns: str, name: str) -> str:
     return name
 
 
-def delete_cluster_queue(api: client.ApiClient, ns: str) -> None:
-    """The namespace's deletion removes the pods and so (garbage collector) their Workloads; the LocalQueue goes
-    with it. The ClusterQueue is cluster-scoped."""
+@contextmanager
+def namespace_queues(request: Any, kueue: LocalKueue, c: Cluster, api: client.ApiClient, *, ns: str,
+                     quota: dict[str, str]) -> Iterator[str]:
+    """``create_queues`` for a test (``request``: its pytest request); when the test failed, Kueue's log and the
+    namespace's Workloads are printed. At the end the ClusterQueue is deleted: it is cluster-scoped, while the
+    namespace's deletion removes the pods, so (garbage collector) their Workloads, and the LocalQueue."""
+    yield create_queues(c, api, ns, quota)
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print("==== kueue log (tail) ====\n" + kueue.log_tail(80))
+        print(c.run_kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "yaml", check=False))
     client.CustomObjectsApi(api).delete_cluster_custom_object(*KQ, "clusterqueues", cluster_queue_name(ns))
 
 

@@ -24,8 +24,7 @@ from tests.conftest import Cluster, local_cluster
 from tests.e2e.conftest import E2E, tiny_job
 from tests.kueueobjects import (
     Kueue,
-    create_queues,
-    delete_cluster_queue,
+    namespace_queues,
     queued_condition,
     queued_labels,
     running_kueue,
@@ -55,13 +54,8 @@ def kueue(cluster: Cluster) -> Iterator[LocalKueue]:
 @pytest.fixture
 def kq(request: pytest.FixtureRequest, kueue: LocalKueue, cluster: Cluster, e2e: E2E) -> Iterator[Kueue]:
     api = config.new_client_from_config(config_file=cluster.kubeconfig)
-    create_queues(cluster, api, e2e.namespace, {"cpu": "1", "memory": "2Gi"})
-    yield Kueue(api, e2e.namespace)
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        print("==== kueue log (tail) ====\n" + kueue.log_tail(80))
-        print(cluster.run_kubectl("get", "workloads.kueue.x-k8s.io", "-n", e2e.namespace, "-o", "yaml", check=False))
-    delete_cluster_queue(api, e2e.namespace)
+    with namespace_queues(request, kueue, cluster, api, ns=e2e.namespace, quota={"cpu": "1", "memory": "2Gi"}):
+        yield Kueue(api, e2e.namespace)
 
 
 def queued_tiny_job(name: str, priority: str, **spec: Any) -> dict[str, Any]:

@@ -31,8 +31,7 @@ from tests.kueueobjects import (
     KQ,
     Kueue,
     create_local_queue,
-    create_queues,
-    delete_cluster_queue,
+    namespace_queues,
     queued_condition,
     queued_labels,
     running_kueue,
@@ -56,12 +55,9 @@ def kueue(sched: Cluster, api: client.ApiClient) -> Iterator[LocalKueue]:
 def queue(request: pytest.FixtureRequest, kueue: LocalKueue, sched: Cluster, api: client.ApiClient,
           ns: str) -> Iterator[str]:
     """LocalQueue ``team`` in the test's namespace (managed by Kueue), on a ClusterQueue of its own with 16 GPUs."""
-    yield create_queues(sched, api, ns, {"cpu": "1000", "memory": "10Ti", "nvidia.com/gpu": "16"})
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        print("==== kueue log (tail) ====\n" + kueue.log_tail(80))
-        print(sched.run_kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "yaml", check=False))
-    delete_cluster_queue(api, ns)
+    gpus = {"cpu": "1000", "memory": "10Ti", "nvidia.com/gpu": "16"}
+    with namespace_queues(request, kueue, sched, api, ns=ns, quota=gpus) as local_queue:
+        yield local_queue
 
 
 def queued_job(name: str, *, priority: str | None = None) -> dict[str, Any]:
