@@ -7,8 +7,8 @@ PY = $(VENV)/bin/python
 export FINETUNE_ORT_VENV := $(shell bash .ci/venv.sh --ort-path)
 CLUSTER = python3 -m hack.localcluster
 
-.PHONY: help setup binaries tools kueue cluster-up cluster-down cluster-status run test test-unit test-integration \
-        test-trainer test-ort test-chart test-e2e test-faults test-kueue soak run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
+.PHONY: help setup host-packages binaries node-binaries images tools kueue cluster-up cluster-down cluster-status run \
+        test test-unit test-integration test-trainer test-ort test-chart test-e2e test-realnodes test-faults test-kueue soak run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -16,17 +16,26 @@ help: ## show this help
 binaries: ## build (or reuse) the real Kubernetes control-plane binaries from the Go module proxy
 	@bash hack/localcluster/build.sh
 
+host-packages: ## install (as root, from Debian) what real nodes and image builds need: containerd, runc, CNI, buildah, podman
+	@bash hack/localcluster/host-packages.sh
+
+node-binaries: binaries ## build (or reuse) kubelet, kube-proxy and CoreDNS from the Go module proxy
+	@bash hack/localcluster/build-node.sh
+
+images: host-packages binaries ## build (or reuse) the operator and CPU trainer images from their Dockerfiles, and the nodes' image store
+	@bash hack/images/build.sh >/dev/null
+
 tools: ## build (or reuse) helm, promtool and controller-gen (+ Prometheus Operator CRDs) from the Go module proxy
 	@bash hack/helmtools/build.sh
 
 kueue: ## build (or reuse) Kueue's controller manager (the Kueue tier's) from the Go module proxy
 	@bash hack/kueue/build.sh
 
-setup: binaries tools kueue ## install everything: both venvs (cached outside the repo), Kubernetes, Kueue, chart tools
+setup: host-packages binaries node-binaries tools kueue images ## install everything: both venvs (cached outside the repo), Kubernetes, real nodes, images, Kueue, chart tools
 	@bash .ci/venv.sh
 
-cluster-up: binaries ## start the local control plane (etcd, kube-apiserver, kube-controller-manager); prints KUBECONFIG
-	@$(CLUSTER) up
+cluster-up: binaries ## start the local control plane (NODES=2: and real nodes running the built images); prints KUBECONFIG
+	@$(if $(NODES),$(MAKE) -s node-binaries images &&) $(CLUSTER) up $(if $(NODES),--nodes $(NODES))
 
 cluster-down: ## stop the local control plane; leaves no process or port behind
 	@$(CLUSTER) down
@@ -34,8 +43,8 @@ cluster-down: ## stop the local control plane; leaves no process or port behind
 cluster-status: ## report whether every control-plane component is alive (with the log of one that died)
 	@$(CLUSTER) status
 
-run: setup ## the main job: control plane, CRD, operator, node agent and the tiny FineTuneJob until it succeeds
-	@$(PY) -m hack.demo
+run: ## the main job: real nodes, the chart-installed operator and trainer images built here, the tiny job to Succeeded
+	@bash hack/run.sh
 
 run-local: setup ## the tiny example FineTuneJob on 2 local nodes, no Kubernetes (finetune run-local)
 	@$(VENV)/bin/finetune run-local examples/tiny-job.yaml
@@ -81,6 +90,9 @@ soak: setup ## the long fault-injection run (120 operator kills, 20 rank kills, 
 
 test-e2e: setup ## end-to-end: operator + local node agent + real training on the real control plane (root)
 	@$(PY) -m pytest -m e2e
+
+test-realnodes: setup ## the product as users get it: images from the Dockerfiles, real kubelets, helm install, the examples (root)
+	@$(PY) -m pytest -m realnodes
 
 test-chart: setup ## Helm chart tests: lint, snapshots, server-side dry-run, install as the chart's ServiceAccount
 	@$(PY) -m pytest tests/chart

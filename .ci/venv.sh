@@ -6,6 +6,7 @@
 #   - the ONNX Runtime venv: the frozen ORT trainer stack (Python 3.11), whose `finetune-trainer` the ORT tests run.
 # Then (re)install this checkout's own packages without dependencies (seconds), so the venvs run this clone's code.
 #   .ci/venv.sh             set up both, print nothing but progress
+#   .ci/venv.sh --dev       set up the development venv only (make run needs no ONNX Runtime stack)
 #   .ci/venv.sh --path      print the development venv's path and exit
 #   .ci/venv.sh --ort-path  print the ORT venv's path and exit
 set -euo pipefail
@@ -19,6 +20,7 @@ ort="$cache/venv-ort-$(key trainer-image/requirements-ort.lock trainer-image/ins
 case "${1:-}" in
   --path) echo "$dev"; exit 0 ;;
   --ort-path) echo "$ort"; exit 0 ;;
+  --dev) dev_only=1 ;;
 esac
 
 mkdir -p "$cache"
@@ -37,7 +39,7 @@ if [[ ! -f "$dev/.complete" ]]; then
   "$uv" pip install -q --python "$dev/bin/python" -r requirements.lock
   touch "$dev/.complete"
 fi
-if [[ ! -f "$ort/.complete" ]]; then
+if [[ -z "${dev_only:-}" && ! -f "$ort/.complete" ]]; then
   echo "building venv $ort (cold: torch 2.6 and ONNX Runtime training; ORTModule extensions compile ~7 min)"
   rm -rf "$ort"
   bash trainer-image/install.sh ort "$ort"
@@ -48,8 +50,10 @@ fi
 # /tmp (and so any checkout under it) replaced by an emptyDir, as on a cluster.
 "$uv" pip install -q --python "$dev/bin/python" --no-deps -e .
 rm -rf trainer-image/build  # a stale setuptools build/ could carry modules deleted from src/
-for venv in "$dev" "$ort"; do
+venvs=("$dev")
+[[ -n "${dev_only:-}" ]] || venvs+=("$ort")
+for venv in "${venvs[@]}"; do
   "$uv" pip install -q --python "$venv/bin/python" --no-deps --reinstall-package finetune-trainer ./trainer-image
 done
 echo "venv: $dev"
-echo "ORT venv: $ort"
+[[ -n "${dev_only:-}" ]] || echo "ORT venv: $ort"

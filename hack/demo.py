@@ -1,8 +1,11 @@
-"""The README's main job: the whole loop on one machine.
+"""The README's main job: the product as users get it, on one machine.
 
-A real control plane (etcd, kube-apiserver, kube-controller-manager), the CRD, the operator, the local node
-agent (the kubelet stand-in: hack/nodeagent) and examples/tiny-job.yaml — printing the job's status until it
-finishes, then the trainer's result.json. Everything is torn down at the end.
+A control plane of real binaries and two real nodes (kubelet + containerd each, CNI bridges, kube-proxy, CoreDNS:
+``hack/localcluster/nodes.py``), the operator and CPU trainer images built from the repository's Dockerfiles
+(``hack/images``), the operator installed by ``helm install`` of ``charts/finetune-operator``, and
+``examples/tiny-job.yaml`` applied with kubectl, printing ``kubectl get ftj -o wide`` until the job finishes, then
+where ``result.json`` is and what it says. Everything is torn down at the end and the host left as found
+(``--keep`` leaves it running and prints the KUBECONFIG line; ``python -m hack.localcluster down`` stops it).
 
     python -m hack.demo [--manifest examples/tiny-job.yaml] [--keep]
 """
@@ -20,48 +23,69 @@ from pathlib import Path
 
 import yaml
 
-from hack.localcluster.cluster import BIN_DIR, LocalCluster
-from hack.nodeagent.agent import NodeAgent
-from hack.operator_process import OperatorProcess
+from hack.localcluster.cluster import BIN_DIR, default_state_dir
+from hack.localcluster.nodes import NodeCluster, ensure_node_binaries, image_names, node_store
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "finetune-demo"
 
 
+def helm_install(kubeconfig: str, images: dict[str, str]) -> None:
+    from hack.helmtools import BUILD, tools_dir
+
+    subprocess.run(["bash", str(BUILD), "--helm"], check=True, stdout=subprocess.DEVNULL)  # only helm, cached
+    values = []
+    for key, prefix in (("operator", "image"), ("trainer", "trainer.image")):
+        repo, tag = images[key].rsplit(":", 1)
+        values += ["--set", f"{prefix}.repository={repo}", "--set", f"{prefix}.tag={tag}",
+                   "--set", f"{prefix}.pullPolicy=Never"]  # built here: on the nodes, in no registry
+    subprocess.run([str(tools_dir() / "bin" / "helm"), f"--kubeconfig={kubeconfig}", "install", "finetune-operator",
+                    str(ROOT / "charts" / "finetune-operator"), "-n", "finetune-system", "--create-namespace",
+                    *values, "--wait", "--timeout", "180s"], check=True, stdout=subprocess.DEVNULL)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hack.demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m hack.demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--manifest", default=str(ROOT / "examples" / "tiny-job.yaml"))
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     args = ap.parse_args(argv)
     manifest = yaml.safe_load(Path(args.manifest).read_text())
     name = manifest["metadata"]["name"]
-    work = Path(tempfile.mkdtemp(prefix="finetune-demo-"))
-    cluster = LocalCluster(work / "cluster")
-    agent: NodeAgent | None = None
-    operator: OperatorProcess | None = None
+    t0 = time.monotonic()
+    ensure_node_binaries()
+    store = node_store()  # builds the images from the Dockerfiles on first use
+    images = image_names()
+    print(f"demo: images {images['operator']} and {images['trainer']} ready in {time.monotonic() - t0:.0f}s")
+    work = default_state_dir() if args.keep else Path(tempfile.mkdtemp(prefix="finetune-demo-"))
+    nc = NodeCluster(work, count=2, image_store=store)
+    keep = False
     try:
-        t0 = time.monotonic()
-        cluster.start()
-        kubeconfig = cluster.kubeconfig
+        t1 = time.monotonic()
+        nc.start()
+        kubeconfig = nc.kubeconfig
 
         def kubectl(*a: str, stdin: str | None = None) -> str:
             return subprocess.run([str(BIN_DIR / "kubectl"), f"--kubeconfig={kubeconfig}", *a], input=stdin,
                                   capture_output=True, text=True, check=True).stdout
 
-        print(f"demo: control plane {cluster.api_get('/version')['gitVersion']} up in {time.monotonic() - t0:.1f}s")
-        kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/finetunejobs.finetune.dev")
+        print(f"demo: control plane and 2 real nodes up in {time.monotonic() - t1:.0f}s")
+        print(kubectl("get", "nodes", "-o", "wide"), end="")
+        t1 = time.monotonic()
+        helm_install(kubeconfig, images)
+        print(f"demo: helm install finetune-operator in {time.monotonic() - t1:.0f}s")
+        print(kubectl("get", "pods", "-n", "finetune-system", "-o", "wide"), end="")
         kubectl("create", "namespace", NAMESPACE)
         kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
-        claims = work / "claims"
-        workspace = claims / NAMESPACE / "finetune-workspace"  # the example's workspace claim holds examples/
-        workspace.mkdir(parents=True)
-        shutil.copytree(ROOT / "examples", workspace / "examples")  # a copy: a pod's /tmp is its own
-        agent = NodeAgent(kubeconfig, node_name="demo-node", claims_dir=claims, namespace=NAMESPACE,
-                          state_dir=work / "agent").start()
-        operator = OperatorProcess(kubeconfig, NAMESPACE, FINETUNE_PROGRESS_INTERVAL_SECONDS="2").start()
+        # The example's claims: its workspace holds the repository's examples/; its output is shared by both nodes.
+        shared = work / "shared" / NAMESPACE
+        (shared / "finetune-workspace").mkdir(parents=True)
+        shutil.copytree(ROOT / "examples", shared / "finetune-workspace" / "examples")
+        nc.shared_claim(NAMESPACE, "finetune-workspace", shared / "finetune-workspace", read_only=True)
+        nc.shared_claim(NAMESPACE, manifest["spec"]["output"]["claimName"], shared / "output")
         kubectl("apply", "-n", NAMESPACE, "-f", args.manifest)
-        print(f"demo: applied {args.manifest}; kubectl get ftj -o wide every 2s:")
+        print(f"demo: kubectl apply -f {args.manifest}; kubectl get ftj -o wide every 2s:")
         deadline, last, state = time.monotonic() + args.timeout, "", ""
         while time.monotonic() < deadline:
             out = kubectl("get", "ftj", name, "-n", NAMESPACE, "-o", "wide")
@@ -69,23 +93,25 @@ def main(argv: list[str] | None = None) -> int:
             if row != last:
                 print(("" if last else out.splitlines()[0] + "\n") + row, flush=True)
                 last = row
-            state = json.loads(kubectl("get", "ftj", name, "-n", NAMESPACE, "-o", "json")).get("status", {}).get(
-                "state", "")
+            status = json.loads(kubectl("get", "ftj", name, "-n", NAMESPACE, "-o", "json")).get("status", {})
+            state = status.get("state", "")
             if state in ("Succeeded", "Failed"):
                 break
             time.sleep(2)
-        print(kubectl("get", "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}"))
-        result = claims / NAMESPACE / manifest["spec"]["output"]["claimName"] / NAMESPACE / name / "result.json"
+        print(kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide"), end="")
+        result = shared / "output" / NAMESPACE / name / "result.json"
         if result.exists():
-            print(f"demo: {result}:\n{result.read_text()}")
-        print(f"demo: {name} {state or 'did not finish'} in {time.monotonic() - t0:.0f}s")
+            print(f"demo: result.json on the output claim (host path {result}):\n{result.read_text()}")
+        print(f"demo: {name} {state or 'did not finish'} in {time.monotonic() - t0:.0f}s in all")
+        if args.keep:
+            keep = True
+            print(f"demo: left running: export KUBECONFIG={kubeconfig}; stop with "
+                  f"python -m hack.localcluster down --dir {work}")
         return 0 if state == "Succeeded" else 1
     finally:
-        if operator:
-            operator.stop()
-        if agent:
-            agent.stop()
-        cluster.stop()
+        if not keep:
+            nc.stop()
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

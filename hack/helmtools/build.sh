@@ -20,6 +20,11 @@ out="$cache/tools-helm-$HELM_VERSION-prom-$PROMETHEUS_VERSION-cg-$CONTROLLER_TOO
 bin="$out/bin"
 
 if [[ "${1:-}" == "--path" ]]; then echo "$out"; exit 0; fi
+helm_only=""
+if [[ "${1:-}" == "--helm" ]]; then  # helm alone (make run installs the chart and needs nothing else)
+  helm_only=1
+  [[ -f "$out/.helm-complete" ]] && { echo "helm: $bin/helm (cached)"; exit 0; }
+fi
 if [[ -f "$out/.complete" ]]; then
   echo "chart tools: $out (cached)"
   exit 0
@@ -50,8 +55,12 @@ build() {
   )
 }
 
-build helm helm.sh/helm/v4 "$HELM_VERSION" helm.sh/helm/v4/cmd/helm \
-  "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+if [[ ! -f "$out/.helm-complete" ]]; then
+  build helm helm.sh/helm/v4 "$HELM_VERSION" helm.sh/helm/v4/cmd/helm \
+    "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+  touch "$out/.helm-complete"
+fi
+if [[ -n "$helm_only" ]]; then "$bin/helm" version; exit 0; fi
 build promtool github.com/prometheus/prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool \
   "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
 build controller-gen sigs.k8s.io/controller-tools "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen

@@ -14,9 +14,11 @@ What is real and what is not:
   and resource quotas. Node-lifecycle controllers are deliberately off: there is no kubelet heartbeat;
 - kube-scheduler only when asked (``scheduler=True``);
 - etcd with ``--unsafe-no-fsync``: for tests and benchmarks only, never for data you care about;
-- no kubelet, no container runtime, no kube-proxy, no DNS: tests bring their own stand-ins.
+- no kubelet, no container runtime, no kube-proxy, no DNS: ``hack/localcluster/nodes.py`` adds real ones
+  (``LocalCluster(nodes=True)`` binds the API server where pods reach it and turns on the Node authorizer).
 
-Everything listens on 127.0.0.1, on ports picked free at start, so several clusters can coexist.
+Everything listens on 127.0.0.1, on ports picked free at start, so several clusters can coexist; a cluster with real
+nodes serves the API on the host address of their network (``HOST_ADDRESS``), one such cluster per machine.
 """
 
 from __future__ import annotations
@@ -56,7 +58,18 @@ CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",  # removes kubernetes.io/pvc-protection once no pod uses a claim
     "persistentvolume-protection-controller",
 )
+# With real kubelets: the endpoint and garbage-collection controllers that Services, node loss and claims need.
+NODE_CONTROLLERS = (
+    "endpoints-controller",
+    "endpointslice-controller",
+    "pod-garbage-collector-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "persistentvolume-binder-controller",
+)
 SERVICE_CIDR = "10.96.0.0/16"
+# Where the control plane answers pods on real nodes (an address on a host bridge of its own; see nodes.py).
+HOST_ADDRESS = "10.243.0.1"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
@@ -111,12 +124,14 @@ def generate_pki(pki: Path) -> None:
              "-out", "ca.crt", cwd=pki)
     _issue_cert(
         pki, "apiserver", "/CN=kube-apiserver", client=False,
-        sans="IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        sans=f"IP:127.0.0.1,IP:10.96.0.1,IP:{HOST_ADDRESS},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
              "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local",
     )
     _issue_cert(pki, "admin", "/O=system:masters/CN=finetune-admin", client=True)
     _issue_cert(pki, "controller-manager", "/CN=system:kube-controller-manager", client=True)
     _issue_cert(pki, "scheduler", "/CN=system:kube-scheduler", client=True)
+    # The API server's client certificate towards kubelets (logs, exec, port-forward), as kubeadm's.
+    _issue_cert(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", client=True)
     # Service-account token signing key (TokenRequest); RSA, as every consumer supports it.
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=pki)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
@@ -153,6 +168,7 @@ class State:
     etcd_peer_port: int
     kcm_port: int
     scheduler_port: int = 0
+    address: str = "127.0.0.1"  # where kube-apiserver listens
     pids: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -161,7 +177,7 @@ class State:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.address}:{self.api_port}"
 
     def save(self) -> None:
         (Path(self.dir) / "state.json").write_text(json.dumps(asdict(self), indent=2))
@@ -200,10 +216,13 @@ class LocalCluster:
     """Start, check and stop one local control plane whose state lives in ``state_dir``."""
 
     def __init__(self, state_dir: Path | None = None, *, scheduler: bool = False,
-                 extra_controllers: tuple[str, ...] = ()) -> None:
+                 extra_controllers: tuple[str, ...] = (), nodes: bool = False) -> None:
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="finetune-cluster-"))
-        self.scheduler = scheduler
-        self.controllers = (*CONTROLLERS, *extra_controllers)  # e.g. the pod GC, where every pod's node exists
+        self.nodes = nodes  # real kubelets will join: serve them (and their pods) on HOST_ADDRESS
+        self.scheduler = scheduler or nodes
+        node_controllers = NODE_CONTROLLERS if nodes else ()
+        # extra: e.g. the pod GC, where every pod's node exists
+        self.controllers = tuple(dict.fromkeys((*CONTROLLERS, *node_controllers, *extra_controllers)))
         self.state: State | None = State.load(self.state_dir)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}  # each component's command line, for restart()
@@ -250,6 +269,7 @@ class LocalCluster:
             dir=str(d), version=K8S_VERSION, api_port=free_port(), etcd_port=free_port(),
             etcd_peer_port=free_port(), kcm_port=free_port(),
             scheduler_port=free_port() if self.scheduler else 0,
+            address=HOST_ADDRESS if self.nodes else "127.0.0.1",
         )
         self.state = st
         write_kubeconfig(d / "admin.kubeconfig", server=st.server, pki=pki, user="admin")
@@ -271,13 +291,18 @@ class LocalCluster:
             self._spawn("kube-apiserver", [
                 str(bins / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{st.etcd_port}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--bind-address={st.address}", f"--advertise-address={st.address}",
                 f"--secure-port={st.api_port}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
-                "--authorization-mode=RBAC",
+                # Real kubelets: each may read and write only what its own pods need, as on any cluster.
+                "--authorization-mode=Node,RBAC" if self.nodes else "--authorization-mode=RBAC",
                 # as OpenShift: blockOwnerDeletion needs update on the owner's finalizers (the chart grants it)
-                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"
+                + (",NodeRestriction" if self.nodes else ""),
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                *([f"--kubelet-certificate-authority={pki / 'ca.crt'}"] if self.nodes else []),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -442,11 +467,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=default_state_dir(),
                     help="state directory (default: $FINETUNE_CLUSTER_DIR or /tmp/finetune-cluster-$UID)")
     ap.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
+    ap.add_argument("--nodes", type=int, default=0, metavar="N",
+                    help="also start N real nodes (kubelet + containerd; images built from the Dockerfiles)")
     args = ap.parse_args(argv)
 
     if args.command == "build":
         print(ensure_binaries())
         return 0
+    if args.nodes or (args.dir / "nodes").exists():
+        from hack.localcluster.nodes import nodes_main
+
+        return nodes_main(args.command, args.dir, args.nodes or 2)
     cluster = LocalCluster(args.dir, scheduler=args.scheduler)
     if args.command == "up":
         if cluster.running():

@@ -1,0 +1,95 @@
+"""The examples as users run them, through the chart-installed operator, on two real nodes with the trainer image
+built from ``trainer-image/Dockerfile.cpu``: ``finetune submit --follow`` until the job ends, ``finetune logs`` and
+``kubectl logs`` served by the real kubelets, the model and ``result.json`` on the output claim.
+
+- ``examples/tiny-job.yaml`` and ``examples/tiny-chat-job.yaml``: two ranks on two nodes find each other through
+  rank 0's headless-Service name (CoreDNS) and train with DDP; the workspace claim holds the repository's
+  ``examples/`` (read-only) and the output claim is shared by both nodes (a pre-bound ``hostPath`` volume standing
+  in for NFS: both nodes are this machine);
+- ``examples/quickstart.yaml``: nothing from a checkout: the samples the trainer image ships, an output claim created
+  from the job's template and bound by the default StorageClass to a local volume of the node the pod lands on.
+Nothing is mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.realnodes.conftest import RealCluster, diagnostics, job_status
+
+pytestmark = pytest.mark.realnodes
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def finetune(rc: RealCluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", *args, f"--kubeconfig={rc.kubeconfig}"],
+                       capture_output=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"),
+                                       r.stderr.decode(errors="replace"))
+
+
+def submit(rc: RealCluster, namespace: str, manifest: Path) -> subprocess.CompletedProcess[str]:
+    r = finetune(rc, "submit", str(manifest), "-n", namespace, "--follow", timeout=900)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:], diagnostics(rc, namespace))
+    return r
+
+
+@pytest.mark.parametrize("example", ["tiny-job.yaml", "tiny-chat-job.yaml"])
+def test_a_two_node_example_trains_to_success_across_real_nodes(real_cluster: RealCluster, chart_operator: str,
+                                                               namespace: str, example: str) -> None:
+    rc = real_cluster
+    rc.shared_claim(namespace, "finetune-workspace", content=ROOT / "examples", read_only=True)
+    output = rc.shared_claim(namespace, "finetune-output")
+    manifest = ROOT / "examples" / example
+    name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
+    r = submit(rc, namespace, manifest)
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"{name}: Succeeded — AllRanksSucceeded: all 2 rank(s) exited 0"), last
+    assert f"--- {name}-node-0 (attempt 0, rank 0) ---" in r.stdout
+    st = job_status(rc, namespace, name)
+    assert st["state"] == "Succeeded" and st.get("restarts", 0) == 0, st
+
+    # One rank per node, on both real nodes.
+    pods = json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+    nodes = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
+    assert sorted(nodes.values()) == ["ftn-node-0", "ftn-node-1"], nodes
+    # kubectl logs from the real kubelet of rank 1's node; finetune logs --all reads both.
+    rank1 = rc.kubectl("logs", "-n", namespace, f"{name}-node-1")
+    assert "launcher INFO starting:" in rank1
+    both = finetune(rc, "logs", name, "--all", "-n", namespace)
+    assert both.returncode == 0, both.stderr
+    assert {line[:8] for line in both.stdout.rstrip("\n").split("\n")} == {"[node 0]", "[node 1]"}
+
+    out = output / namespace / name
+    result = json.loads((out / "result.json").read_text())
+    want_steps = yaml.safe_load(manifest.read_text())["spec"]["training"]["maxSteps"]
+    assert result["steps"] == want_steps, result
+    assert (out / "model" / "config.json").exists()
+    for rank in (0, 1):
+        assert (out / "logs" / "attempt-0" / f"node-{rank}.log").exists()
+
+
+def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_template(
+        real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
+    rc = real_cluster
+    r = submit(rc, namespace, ROOT / "examples" / "quickstart.yaml")
+    assert r.stdout.strip().splitlines()[-1].startswith("quickstart: Succeeded — AllRanksSucceeded"), r.stdout[-2000:]
+    claim: dict[str, Any] = json.loads(rc.kubectl("get", "pvc", "quickstart-output", "-n", namespace, "-o", "json"))
+    assert claim["metadata"]["ownerReferences"][0]["name"] == "quickstart"
+    assert claim["status"]["phase"] == "Bound" and claim["spec"]["storageClassName"] == "standard"
+    pv = json.loads(rc.kubectl("get", "pv", claim["spec"]["volumeName"], "-o", "json"))
+    pod = json.loads(rc.kubectl("get", "pod", "quickstart-node-0", "-n", namespace, "-o", "json"))
+    # The local volume is on the node the pod ran on.
+    assert pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [
+        pod["spec"]["nodeName"]]
+    out = Path(pv["spec"]["local"]["path"]) / namespace / "quickstart"
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 60, result
+    assert (out / "model" / "config.json").exists()
