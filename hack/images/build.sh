@@ -10,8 +10,9 @@
 #   - the node store: a containerd root holding all three, imported and unpacked once (node-store.sh); every node's
 #     containerd starts from a hard-linked clone of it (hack/localcluster/nodes.py).
 # Images are named by a key of what they are built from (Dockerfile, context files, the base's key), so a warm run
-# rebuilds nothing and a change rebuilds only what it touches. Once the store holds an image, buildah's copy of it
-# is removed (the trainer's is 7 GB): the store is what the nodes and the tests use. Storage for podman and buildah
+# rebuilds nothing and a change rebuilds only what it touches. Once the store holds the operator and trainer images,
+# buildah's copies (7 GB for the trainer) are removed: the store is what the nodes and the tests use, and the next
+# store starts from it. Storage for podman and buildah
 # is under $FINETUNE_CACHE/containers, not the host's /var/lib/containers.
 #
 #   hack/images/build.sh            build what is missing; the last line printed is the store's path
@@ -80,7 +81,10 @@ for tool in buildah podman debootstrap containerd ctr gcc go; do
 done
 exec 9>"$store/.lock"  # one build at a time
 flock 9
-exists() { podman image exists "$1" 2>/dev/null; }
+# The newest complete store: the next one starts as a hard-linked copy of it, so an image it holds is neither
+# rebuilt nor imported again (an operator change does not cost a trainer rebuild).
+prev_store="$(ls -dt "$cache"/node-store-*/.complete 2>/dev/null | head -n1 | xargs -r dirname)"
+exists() { podman image exists "$1" 2>/dev/null || { [[ -n "$prev_store" ]] && grep -qx "$1" "$prev_store/images"; }; }
 t0=$(date +%s)
 
 if ! exists "$BASE"; then
@@ -135,9 +139,10 @@ build "$OPERATOR" "$root/operator/Dockerfile" "$root"
 build "$TRAINER" "$root/trainer-image/Dockerfile.cpu" "$root/trainer-image"
 [[ -n "${images_only:-}" ]] && { echo "images: built in $(( $(date +%s) - t0 ))s" >&2; exit 0; }
 
-bash "$here/node-store.sh" "$NODE_STORE" "$PAUSE" "$OPERATOR" "$TRAINER"
+bash "$here/node-store.sh" "$NODE_STORE" "$prev_store" "$PAUSE" "$OPERATOR" "$TRAINER"
 
-# Keep the small images the next builds start from; drop what the store now holds and every older build.
+# Keep the small images the next builds start from; drop the operator and trainer images the store now holds (the
+# next store starts from this one) and every older build.
 buildah rm --all >/dev/null 2>&1 || true
 keep=("$BASE" "$UV" "$PAUSE")
 podman images --format '{{.Repository}}:{{.Tag}}' | while read -r img; do

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# The image store real nodes start from (called by build.sh):  node-store.sh STORE PAUSE_IMAGE IMAGE...
+# The image store real nodes start from (called by build.sh):  node-store.sh STORE PREVIOUS_STORE PAUSE_IMAGE IMAGE...
 # A containerd root (STORE/root) holding the images, imported from buildah's storage and unpacked once into
-# overlayfs snapshots. The layer blobs are then dropped, as containerd's own discard_unpacked_layers does: a node
+# overlayfs snapshots. It starts as a hard-linked copy of PREVIOUS_STORE (may be empty): an image that one holds is
+# kept, not imported again, and the images no longer wanted are removed from the copy. The layer blobs are then dropped, as containerd's own discard_unpacked_layers does: a node
 # runs containers from the snapshots and never needs them again (nothing is pushed from a node). Each node's
 # containerd gets a hard-linked clone of the root (hack/localcluster/nodes.py: clone_store), so a node costs
 # seconds and no copy of the multi-GB trainer image.
 set -euo pipefail
-store=$1 pause=$2
-shift 2
+store=$1 previous=$2 pause=$3
+shift 3
 echo "images: importing into the node store $store" >&2
 s=$(date +%s)
 rm -rf "$store"
-mkdir -p "$store/root"
+mkdir -p "$store"
+if [[ -n "$previous" && -f "$previous/.complete" ]]; then
+  cp -al "$previous/root" "$store/root"
+  find "$store/root" -name '*.db' -exec sh -c 'cp --preserve=all "$1" "$1.copy" && mv "$1.copy" "$1"' _ {} \;
+else
+  mkdir -p "$store/root"
+fi
 run=/run/finetune-node-store
 mkdir -p "$run"
 cat > "$store/containerd.toml" <<CONF
@@ -34,7 +41,12 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 100); do [[ -S "$run/containerd.sock" ]] && break; sleep 0.1; done
 ctr=(ctr --address "$run/containerd.sock" -n k8s.io)
+have="$("${ctr[@]}" images ls -q)"
+for img in $have; do  # images of the previous store that are not wanted any more (--sync: their snapshots go too)
+  [[ " $pause $* " == *" $img "* ]] || "${ctr[@]}" images rm --sync "$img" >/dev/null
+done
 for img in "$pause" "$@"; do
+  grep -qx "$img" <<<"$have" && { echo "images: $img kept from the previous store" >&2; continue; }
   t=$(date +%s)
   podman save --format docker-archive "$img" | "${ctr[@]}" images import --snapshotter overlayfs - >/dev/null
   echo "images: $img imported and unpacked in $(( $(date +%s) - t ))s" >&2

@@ -58,7 +58,7 @@ CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",  # removes kubernetes.io/pvc-protection once no pod uses a claim
     "persistentvolume-protection-controller",
 )
-# With real kubelets: the endpoint and garbage-collection controllers that Services, node loss and claims need.
+# With real kubelets: the controllers that Services, Deployments, node loss and claims need.
 NODE_CONTROLLERS = (
     "endpoints-controller",
     "endpointslice-controller",
@@ -66,6 +66,9 @@ NODE_CONTROLLERS = (
     "node-lifecycle-controller",
     "taint-eviction-controller",
     "persistentvolume-binder-controller",
+    "root-ca-certificate-publisher-controller",  # kube-root-ca.crt, which every service-account token volume mounts
+    "deployment-controller",  # the chart's operator Deployment
+    "replicaset-controller",
 )
 SERVICE_CIDR = "10.96.0.0/16"
 # Where the control plane answers pods on real nodes (an address on a host bridge of its own; see nodes.py).

@@ -52,6 +52,7 @@ POD_CIDR = "10.244.0.0/16"
 DNS_IP = HOST_ADDRESS
 CLUSTER_DOMAIN = "cluster.local"
 RUN_DIR = Path("/run/finetune-nodes")  # containerd state and sockets (short paths: unix sockets have a length limit)
+KUBELET_DIR = Path("/var/lib/finetune-nodes")  # kubelet root dirs: on disk (emptyDirs), short (its sockets)
 # The sysctls a kubelet or kube-proxy sets on the host, and the one the nodes need (forwarding between bridges).
 SYSCTLS = (
     "net/ipv4/ip_forward",
@@ -64,7 +65,8 @@ SYSCTLS = (
     "net/ipv4/conf/all/route_localnet",
 )
 # Paths a kubelet writes outside its --root-dir.
-HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/etc/cni", "/opt/cni")
+HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/etc/cni", "/opt/cni",
+              "/run/netns", "/run/containerd", str(KUBELET_DIR))  # /run/netns: pod network namespaces (CRI)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -365,6 +367,7 @@ class NodeCluster:
     def _start_containerd(self, i: int) -> None:
         name, d = node_name(i), self.node_dir(i)
         root = d / "containerd"
+        d.mkdir(parents=True, exist_ok=True)
         if not root.exists():
             if self.image_store and (self.image_store / "root").exists():
                 clone_store(self.image_store / "root", root)
@@ -408,6 +411,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = "{run}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
     conf_dir = "{cni / 'net.d'}"
@@ -424,7 +428,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _start_kubelet(self, i: int, pki: Path) -> None:
         assert self.state
         name, d = node_name(i), self.node_dir(i)
-        kd = d / "kubelet"
+        kd = KUBELET_DIR / name
         kd.mkdir(parents=True, exist_ok=True)
         if not (pki / f"{name}.crt").exists():
             _issue_cert(pki, name, f"/O=system:nodes/CN=system:node:{name}", client=True)
@@ -595,7 +599,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 if pid:
                     _stop_pid(pid, 15)
             _kill_shims()
-        self._unmount_below(self.dir, RUN_DIR)
+        self._unmount_below(self.dir, RUN_DIR, KUBELET_DIR)
         self._delete_netns()
         self.cluster.stop()
         kube_proxy = BIN_DIR / "kube-proxy"
@@ -608,6 +612,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             HostSnapshot.load(snapshot).restore()
             snapshot.unlink()
         shutil.rmtree(RUN_DIR, ignore_errors=True)
+        shutil.rmtree(KUBELET_DIR, ignore_errors=True)
         for i in range(count):
             shutil.rmtree(self.node_dir(i), ignore_errors=True)
         self.state = None

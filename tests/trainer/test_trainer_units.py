@@ -688,3 +688,21 @@ def test_every_trainer_exit_code_means_the_same_to_the_operator() -> None:
         assert failure is not None and failure.reason == reason, (code, failure)
     full = classify_pod(failed_pod(errors.EXIT_OUTPUT_FULL))
     assert full is not None and full.permanent and not full.disruption
+
+
+def test_the_trainer_command_answers_help_and_version_and_refuses_arguments(tmp_path: Path) -> None:
+    """What ``docker run IMAGE --help`` shows: the contract (no arguments, $FINETUNE_CONFIG, exit codes), without a
+    config file; an argument it does not know is an error, never ignored."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("finetune-trainer")
+    env = {"FINETUNE_CONFIG": str(tmp_path / "missing.json"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: finetune-trainer") and "$FINETUNE_CONFIG" in out.stdout
+    assert "78 configuration or data error" in out.stdout
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("finetune-trainer "), version
+    bad = subprocess.run([str(exe), "--config", "x.json"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "unrecognized arguments: --config x.json" in bad.stderr, bad

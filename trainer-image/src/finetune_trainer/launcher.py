@@ -355,7 +355,36 @@ def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, launc
     return _fail(code, text)
 
 
+USAGE = """\
+The FineTuneJob trainer, the container command of every trainer pod. It takes no arguments: the job comes from
+the config file the operator writes ($FINETUNE_CONFIG, default /etc/finetune/config.json) and the torchrun
+environment (PET_*, as the operator sets it). It validates both, runs the Hugging Face Trainer under torchrun,
+serves training metrics on :9400, and exits with a documented code.
+"""
+EXIT_CODES = """\
+exit codes: 0 success; 78 configuration or data error (never retried); 75 rendezvous or preflight timeout;
+77 CUDA out of memory; 74 the export failed; 73 the output volume is full; 143 stopped by SIGTERM;
+1 anything else (a training crash).
+"""
+
+
+def parse_args(argv: list[str]) -> None:
+    """``--help`` and ``--version`` (what ``docker run IMAGE --help`` shows); any other argument is an error."""
+    import argparse
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("finetune-trainer")
+    except PackageNotFoundError:
+        mine = "unknown"
+    ap = argparse.ArgumentParser(prog="finetune-trainer", description=USAGE, epilog=EXIT_CODES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"finetune-trainer {mine}")
+    ap.parse_args(argv)
+
+
 def main() -> None:
+    parse_args(sys.argv[1:])
     sys.exit(run())
 
 
