@@ -71,7 +71,7 @@ test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, r
 	@$(PY) -m pytest -m ort
 
 lint: setup ## ruff and mypy --strict on the operator (the unit tier runs them too)
-	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit hack/localcluster && $(VENV)/bin/mypy
+	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit tests/realnodes hack bench/node_store.py && $(VENV)/bin/mypy
 
 generate: ## regenerate docs/reference.md (from the CRD), the Grafana dashboard, the operator's copy of the config contract and the chart's README
 	@$(PY) -m hack.helmtools.crd_reference && $(PY) -m hack.helmtools.dashboard && $(PY) -m hack.contract && \
