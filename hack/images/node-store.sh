@@ -56,6 +56,12 @@ done
 for digest in $("${ctr[@]}" content ls | grep -o 'containerd.io/gc.ref.content.l.[0-9]*=sha256:[0-9a-f]*' | cut -d= -f2 | sort -u); do
   "${ctr[@]}" content rm "$digest" >/dev/null 2>&1 || true
 done
+# containerd deletes a removed blob's file at its next garbage collection, which may not come before it stops (and a
+# restarted containerd does not know the store is dirty): remove the files no reference names any more.
+referenced="$("${ctr[@]}" content ls -q)"
+for blob in "$store"/root/io.containerd.content.v1.content/blobs/sha256/*; do
+  [[ -e "$blob" ]] && ! grep -qx "sha256:${blob##*/}" <<<"$referenced" && rm -f "$blob"
+done
 "${ctr[@]}" images ls -q | grep -qx "$pause" || { echo "node-store.sh: $pause missing after import" >&2; exit 1; }
 cleanup
 trap - EXIT
