@@ -2,9 +2,9 @@
 server dry run, each error with its field), submit, list, status, wait, suspend, resume and delete.
 
 Real: the API server (its CRD schema and CEL rules answer the dry runs), the operator (a subprocess) and the
-``finetune`` command (a subprocess with its own kubeconfig). Mocked: the kubelet (FakeKubelet), since no kubelet can
-run here; pod logs need one, so ``finetune logs`` and ``submit --follow`` are tested end to end (tests/e2e/test_cli.py)
-with the node agent.
+``finetune`` command (a subprocess with its own kubeconfig). Mocked: the kubelet (FakeKubelet), as everywhere in the
+integration tier; pod logs need a real one, so ``finetune logs`` and ``submit --follow`` are tested on real kubelets
+(tests/realnodes/test_examples.py).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,26 @@ def finetune(rc: RealCluster, *args: str, timeout: float = 60) -> subprocess.Com
                                        r.stderr.decode(errors="replace"))
 
 
-def submit(rc: RealCluster, namespace: str, manifest: Path) -> subprocess.CompletedProcess[str]:
-    r = finetune(rc, "submit", str(manifest), "-n", namespace, "--follow", timeout=900)
+def submit(rc: RealCluster, namespace: str, manifest: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``finetune submit --follow`` until the job ends; meanwhile ``kubectl get ftj -o wide`` every second (the rows
+    seen while it ran)."""
+    name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
+    proc = subprocess.Popen([sys.executable, "-m", "finetune_operator.cli", "submit", str(manifest), "-n", namespace,
+                             "--follow", f"--kubeconfig={rc.kubeconfig}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+    wide: list[str] = []
+    deadline = time.monotonic() + 900
+    while proc.poll() is None and time.monotonic() < deadline:
+        out = rc.kubectl("get", "ftj", name, "-n", namespace, "-o", "wide", check=False)
+        if "Running" in out:
+            wide.append(out)
+        time.sleep(1)
+    if proc.poll() is None:
+        proc.kill()
+    stdout, stderr = (s.decode(errors="replace") for s in proc.communicate())
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:], diagnostics(rc, namespace))
-    return r
+    return r, wide
 
 
 @pytest.mark.parametrize("example", ["tiny-job.yaml", "tiny-chat-job.yaml"])
@@ -49,7 +66,7 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(real_cluster: Re
     output = rc.shared_claim(namespace, "finetune-output")
     manifest = ROOT / "examples" / example
     name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
-    r = submit(rc, namespace, manifest)
+    r, wide = submit(rc, namespace, manifest)
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith(f"{name}: Succeeded — AllRanksSucceeded: all 2 rank(s) exited 0"), last
     assert f"--- {name}-node-0 (attempt 0, rank 0) ---" in r.stdout
@@ -71,15 +88,36 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(real_cluster: Re
     result = json.loads((out / "result.json").read_text())
     want_steps = yaml.safe_load(manifest.read_text())["spec"]["training"]["maxSteps"]
     assert result["steps"] == want_steps, result
+    assert result["world_size"] == 2 and len(list((out / "ranks").glob("rank-*.json"))) == 2, result
     assert (out / "model" / "config.json").exists()
+    # Progress from rank 0's metrics in the wide columns while it trained (the chart's progress interval is 2 s here).
+    with_progress = [w for w in wide if f"/{want_steps}" in w]
+    assert with_progress, f"no step progress in `kubectl get ftj -o wide` while it ran: {wide[-3:]}"
+    header = with_progress[-1].splitlines()[0]
+    assert all(col in header for col in ("STEP", "SAMPLES/S", "ETA")), header
+    # The copy on the output claim, which outlives the pods: each pod's log from the launcher's start on.
+    ns = ["-n", namespace]
     for rank in (0, 1):
-        assert (out / "logs" / "attempt-0" / f"node-{rank}.log").exists()
+        text = finetune(rc, "logs", name, "--rank", str(rank), *ns)
+        assert text.returncode == 0 and "launcher INFO starting:" in text.stdout, text.stderr
+        copy = (out / "logs" / "attempt-0" / f"node-{rank}.log").read_bytes().decode(errors="replace")
+        assert "launcher INFO starting:" in copy
+        assert text.stdout.rstrip().endswith(copy.rstrip()), (rank, copy[-500:], text.stdout[-500:])
+    tail = finetune(rc, "logs", name, "--tail", "3", *ns)
+    assert tail.returncode == 0 and len(tail.stdout.rstrip("\n").split("\n")) == 3
+    missing = finetune(rc, "logs", name, "--attempt", "3", *ns)
+    assert missing.returncode == 2 and "attempt 3 has not started" in missing.stderr
+
+    if example == "tiny-chat-job.yaml":  # chat template, TRL's SFTTrainer, evaluation every 20 steps
+        assert [e["step"] for e in result["eval_history"]] == [20, 40, 60]
+        assert result["eval_history"][-1]["loss"] < result["eval_history"][0]["loss"], result["eval_history"]
+        assert (out / "model" / "chat_template.jinja").exists()
 
 
 def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_template(
         real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
     rc = real_cluster
-    r = submit(rc, namespace, ROOT / "examples" / "quickstart.yaml")
+    r, _ = submit(rc, namespace, ROOT / "examples" / "quickstart.yaml")
     assert r.stdout.strip().splitlines()[-1].startswith("quickstart: Succeeded — AllRanksSucceeded"), r.stdout[-2000:]
     claim: dict[str, Any] = json.loads(rc.kubectl("get", "pvc", "quickstart-output", "-n", namespace, "-o", "json"))
     assert claim["metadata"]["ownerReferences"][0]["name"] == "quickstart"
@@ -92,4 +130,4 @@ def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_templ
     out = Path(pv["spec"]["local"]["path"]) / namespace / "quickstart"
     result = json.loads((out / "result.json").read_text())
     assert result["steps"] == 60, result
-    assert (out / "model" / "config.json").exists()
+    assert (out / "model" / "config.json").exists() and (out / "logs" / "attempt-0" / "node-0.log").exists()

@@ -75,6 +75,8 @@ def test_a_rank_killed_in_its_container_restarts_the_gang_from_the_newest_checkp
     assert resumed and resumed >= first and resumed % INTERVAL == 0, result
     attempts = json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
     assert {p["metadata"]["labels"]["finetune.dev/attempt"] for p in attempts} == {"1"}
+    # The restart threw away at most one checkpoint interval of work (what was trained since the checkpoint).
+    assert 0 <= st["progress"]["stepsLostToRestarts"] <= INTERVAL, st
 
 
 def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resumes_from_it(
