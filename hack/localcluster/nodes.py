@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -582,6 +583,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
              "spec": {"accessModes": [mode], "storageClassName": "", "volumeName": pv,
                       "resources": {"requests": {"storage": "10Gi"}}}},
         ]}))
+
+    @contextlib.contextmanager
+    def partition(self, a: int, b: int) -> Iterator[None]:
+        """Cut the network between the pods of node ``a`` and node ``b`` (both directions; a firewall rule on the
+        host, which routes between the node bridges), as a broken switch would; healed on exit."""
+        rules = [["FORWARD", "-s", pod_subnet(x), "-d", pod_subnet(y), "-j", "DROP",
+                  "-m", "comment", "--comment", "finetune partition"] for x, y in ((a, b), (b, a))]
+        for rule in rules:
+            _run("iptables", "-I", *rule)
+        try:
+            yield
+        finally:
+            for rule in rules:
+                _run("iptables", "-D", *rule, check=False)
 
     def stop(self) -> None:
         """Stop every node component, remove what they left (containers, mounts, network namespaces, cgroups, links,
