@@ -52,7 +52,7 @@ run-local: setup ## the tiny example FineTuneJob on 2 local nodes, no Kubernetes
 operator: setup ## run the operator against the local control plane (make cluster-up first)
 	@$(VENV)/bin/finetune operator --standalone --kubeconfig $${FINETUNE_CLUSTER_DIR:-/tmp/finetune-cluster-$$(id -u)}/admin.kubeconfig
 
-test: setup ## run every test tier (unit, integration, chart, trainer on both stacks, e2e) against the real control plane
+test: setup ## run every test tier (unit, integration, chart, trainer on both stacks, e2e, real nodes, faults, Kueue)
 	@$(PY) -m pytest
 
 test-unit: setup ## unit tests only (pure code, seconds)

@@ -81,9 +81,12 @@ for tool in buildah podman debootstrap containerd ctr gcc go; do
 done
 exec 9>"$store/.lock"  # one build at a time
 flock 9
+if [[ -f "$NODE_STORE/.complete" ]]; then echo "$NODE_STORE"; exit 0; fi  # built by another process meanwhile
 # The newest complete store: the next one starts as a hard-linked copy of it, so an image it holds is neither
 # rebuilt nor imported again (an operator change does not cost a trainer rebuild).
-prev_store="$(ls -dt "$cache"/node-store-*/.complete 2>/dev/null | head -n1 | xargs -r dirname)"
+prev_store=""
+for marker in $(ls -dt "$cache"/node-store-*/.complete 2>/dev/null || true); do prev_store="${marker%/.complete}"; break; done
+[[ "$prev_store" == "$NODE_STORE" ]] && prev_store=""
 exists() { podman image exists "$1" 2>/dev/null || { [[ -n "$prev_store" ]] && grep -qx "$1" "$prev_store/images"; }; }
 t0=$(date +%s)
 

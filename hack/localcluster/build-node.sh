@@ -17,6 +17,7 @@ fi
 bash "$here/build.sh"  # the module and compile cache the kubelet build reuses
 exec 9>"$out.node.lock"
 flock 9
+if [[ -f "$marker" && "$(cat "$marker")" == "v$K8S_VERSION coredns-$COREDNS_VERSION" ]]; then exit 0; fi  # built meanwhile
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 minor="${K8S_VERSION#*.}"
 ldflags="-s -w"
@@ -28,8 +29,12 @@ start=$(date +%s)
 echo "building kubelet and kube-proxy v$K8S_VERSION"
 (cd "$out/src" && go build -trimpath -ldflags "$ldflags" -o "$bin/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
 echo "building coredns $COREDNS_VERSION"
-GOBIN="$bin" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" 2>&1 | grep -v '^go: downloading' || true
-[[ -x "$bin/coredns" ]] || { echo "build-node.sh: coredns did not build" >&2; exit 1; }
+rm -f "$bin/coredns"
+if ! GOBIN="$bin" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" > "$out/coredns-build.log" 2>&1; then
+  grep -v '^go: downloading' "$out/coredns-build.log" >&2
+  echo "build-node.sh: coredns $COREDNS_VERSION did not build" >&2
+  exit 1
+fi
 "$bin/kubelet" --version
 "$bin/coredns" -version | sed -n 1p
 echo "node binaries built in $(( $(date +%s) - start ))s"

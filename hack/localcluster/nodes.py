@@ -165,6 +165,7 @@ class HostSnapshot:
     mounts: list[str]
     cgroups: list[str]
     paths: dict[str, bool]
+    processes: list[str]  # kubelets, containerds, shims, kube-proxy, CoreDNS of real nodes still running
 
     @classmethod
     def take(cls) -> HostSnapshot:
@@ -181,6 +182,7 @@ class HostSnapshot:
             mounts=_mounts(),
             cgroups=_cgroups(),
             paths={p: os.path.lexists(p) for p in HOST_PATHS},
+            processes=_node_processes(),
         )
 
     def differences(self, other: HostSnapshot) -> list[str]:
@@ -602,7 +604,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         """Stop every node component, remove what they left (containers, mounts, network namespaces, cgroups, links,
         state), stop the control plane and put the host back as the snapshot taken before start found it."""
         st = self.state or NodesState.load(self.dir)
-        count = st.count if st else self.count
+        if st is None:  # nothing of this directory's runs (a start that refused, or a second stop): touch nothing
+            self.cluster.stop()
+            return
+        count = st.count
         if st:
             order = ["coredns", "kube-proxy", *[f"kubelet-{node_name(i)}" for i in range(count)]]
             for name in order:
@@ -682,6 +687,22 @@ def _rmdir_cgroup(d: Path) -> None:
         d.rmdir()
 
 
+def _node_processes() -> list[str]:
+    """Command lines of processes that belong to real nodes (they name the nodes' run or kubelet directories)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if any(mark in cmd for mark in (str(RUN_DIR), str(KUBELET_DIR), "--hostname-override=ftn-node-",
+                                        "/nodes/ftn-node-", "/nodes/kube-proxy.yaml", "/nodes/Corefile")):
+            found.append(cmd[:200])
+    return sorted(found)
+
+
 def _kill_shims() -> None:
     """containerd-shim-runc-v2 processes of these nodes (found by their -address under RUN_DIR)."""
     for proc in Path("/proc").iterdir():
@@ -701,7 +722,11 @@ def clone_store(template: Path, dest: Path) -> None:
     """A node's containerd root from the prepared store: hard links for the content blobs and the unpacked
     snapshots (read-only once committed; a container writes to an upper dir of its own), real copies of the
     databases containerd writes in place."""
-    _run("cp", "-al", str(template), str(dest))
+    if subprocess.run(["cp", "-al", str(template), str(dest)], capture_output=True).returncode != 0:
+        # hard links cannot cross filesystems (a state directory on a tmpfs /tmp): copy, sharing blocks where the
+        # filesystem can
+        shutil.rmtree(dest, ignore_errors=True)
+        _run("cp", "-a", "--reflink=auto", str(template), str(dest))
     for db in dest.rglob("*.db"):
         tmp = db.with_suffix(".db.copy")
         shutil.copy2(db, tmp)

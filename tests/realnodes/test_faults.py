@@ -143,9 +143,16 @@ def test_the_operator_pod_killed_mid_training_adopts_the_running_gang(
     after = {p["metadata"]["name"]: p["metadata"]["uid"]
              for p in json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]}
     assert after == before
-    new = json.loads(rc.kubectl("get", "pods", "-n", chart_operator, "-l", "app.kubernetes.io/component=operator",
-                                "-o", "json"))["items"]
-    assert [p["metadata"]["name"] for p in new] != [operator]
+
+    def replacement_ready() -> str | None:
+        pods = json.loads(rc.kubectl("get", "pods", "-n", chart_operator, "-l",
+                                     "app.kubernetes.io/component=operator", "-o", "json"))["items"]
+        for p in pods:
+            ready = {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready")
+            if p["metadata"]["name"] != operator and ready == "True":
+                return str(p["metadata"]["name"])
+        return None
+    wait_for(replacement_ready, timeout=120, what="the Deployment's new operator pod to be Ready")
 
 
 def test_partitioned_nodes_fail_with_a_rendezvous_timeout_naming_rank_0(

@@ -82,6 +82,8 @@ def test_the_images_run_their_entrypoints_as_numeric_non_root_users_with_the_loc
             wrong = {n: (v, have.get(n)) for n, v in want.items() if have.get(n) != v}
             assert want and not wrong, f"trainer lock vs image: {wrong}"
             assert "finetune-trainer" in have
+            extra = set(have) - set(want) - {"finetune-trainer"}
+            assert not extra, f"installed in the trainer image but not in its lock: {sorted(extra)}"
             rest = lines[3:]
             quickstart = (ROOT / "examples" / "quickstart.yaml").read_text()
             for sample in re.findall(r"/opt/finetune/samples/([\w-]+)", quickstart):
