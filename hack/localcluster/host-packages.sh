@@ -17,6 +17,13 @@ if ((${#missing[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# buildah and podman refuse to run without a signature policy; a conffile an administrator deleted is not put back by a
+# plain reinstall, so ask dpkg for it.
+if [[ ! -f /etc/containers/policy.json ]]; then
+  echo "host-packages: restoring /etc/containers/policy.json"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --reinstall -o Dpkg::Options::=--force-confmiss \
+    golang-github-containers-common >/dev/null
+fi
 # The Debian containerd package may start a host containerd of its own (where there is an init system): real nodes
 # run their own, on their own sockets, and never use it.
 echo "host-packages: ready"
