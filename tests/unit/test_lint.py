@@ -25,7 +25,7 @@ def test_mypy_strict() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-TIERS = ("unit", "integration", "trainer", "ort", "chart", "e2e", "faults")
+TIERS = ("unit", "integration", "trainer", "ort", "chart", "e2e", "realnodes", "faults")
 
 
 def test_every_test_file_names_its_tier() -> None:
