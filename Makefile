@@ -88,7 +88,7 @@ soak: setup ## the long fault-injection run (120 operator kills, 20 rank kills, 
 	@FAULTS_KILLS=120 FAULTS_RANK_KILLS=20 FAULTS_API_ROUNDS=3 FAULTS_WRITE_KILL_SCRIPTS=fail-evict-fail,fail-once,evict-once \
 		FAULTS_REPORT=/tmp/finetune-soak.json $(PY) -m pytest -m faults -s -o timeout=3600
 
-test-e2e: setup ## end-to-end: operator + local node agent + real training on the real control plane (root)
+test-e2e: setup ## the ONNX Runtime job end to end: operator + local node agent + the ORT trainer (root)
 	@$(PY) -m pytest -m e2e
 
 test-realnodes: setup ## the product as users get it: images from the Dockerfiles, real kubelets, helm install, the examples (root)

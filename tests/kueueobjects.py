@@ -1,5 +1,5 @@
 """Kueue's objects as the Kueue tiers use them (tests/integration/test_kueue.py with fake GPU nodes,
-tests/e2e/test_kueue.py with real training): a real Kueue started for a control plane with its ResourceFlavor and
+tests/realnodes/test_kueue.py with real training on real nodes): a real Kueue started for a control plane with its ResourceFlavor and
 WorkloadPriorityClasses, a ClusterQueue and LocalQueue per test namespace, and reads of Workloads and quota.
 """
 

@@ -419,6 +419,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = "{CNI_BIN}"
     conf_dir = "{cni / 'net.d'}"
 ''')
+        with contextlib.suppress(FileNotFoundError):  # a socket left by a killed containerd (a lost node)
+            self.socket(i).unlink()
         self._spawn(f"containerd-{name}", ["containerd", "--config", str(d / "containerd.toml")])
         deadline = time.monotonic() + 30
         while not self.socket(i).exists():
@@ -600,6 +602,59 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             for rule in rules:
                 _run("iptables", "-D", *rule, check=False)
 
+    def lose(self, i: int) -> None:
+        """Node ``i`` fails as a machine does when its power goes: its pod network is cut off first (so its dying
+        processes send no FIN or RST to the pods they talked to), then its kubelet, its containerd, the containerd
+        shims and every process of its pods are SIGKILLed at once. The Node object stays, its pods stay bound to it
+        and say Running: nothing will report on them again until ``rejoin``. The node lifecycle controller turns the
+        node Unknown after ``--node-monitor-grace-period`` (50 s) and taints it unreachable."""
+        assert self.state
+        name = node_name(i)
+        for rule in self._lost_rules(i):
+            _run("iptables", "-I", *rule)
+        for component in (f"kubelet-{name}", f"containerd-{name}"):
+            pid = self.state.pids.pop(component)
+            _kill_tree(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self.state.save()
+        _kill_shims(RUN_DIR / name)
+        for hierarchy in CGROUP_ROOT.iterdir():  # every process of the node's pods (they outlive their shims)
+            node_cgroup = hierarchy / name
+            if not (node_cgroup / "cgroup.procs").exists():
+                continue
+            for procs in node_cgroup.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError):
+                    for pid in procs.read_text().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+
+    def rejoin(self, i: int, timeout: float = 120.0) -> None:
+        """Node ``i``, lost, boots again: its network comes back, its containerd restarts on the same root (the
+        images are still there) and its kubelet re-registers, cleans up the containers of pods that no longer exist
+        and reports Ready."""
+        for rule in self._lost_rules(i):
+            _run("iptables", "-D", *rule, check=False)
+        self._start_containerd(i)
+        self._start_kubelet(i, self.cluster.state_dir / "pki")
+        t0 = time.monotonic()
+        while True:
+            self._check()
+            node = json.loads(self._kubectl("get", "node", node_name(i), "-o", "json"))
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+            tainted = any(t["key"].startswith("node.kubernetes.io/") for t in node["spec"].get("taints") or [])
+            if ready and not tainted:
+                return
+            if time.monotonic() - t0 > timeout:
+                raise ClusterError(f"{node_name(i)} not Ready and untainted {timeout:.0f}s after it rejoined; see "
+                                   f"{self.log(f'kubelet-{node_name(i)}')}")
+            time.sleep(0.5)
+
+    @staticmethod
+    def _lost_rules(i: int) -> list[list[str]]:
+        return [["FORWARD", flag, pod_subnet(i), "-j", "DROP", "-m", "comment", "--comment", "finetune node lost"]
+                for flag in ("-s", "-d")]
+
     def stop(self) -> None:
         """Stop every node component, remove what they left (containers, mounts, network namespaces, cgroups, links,
         state), stop the control plane and put the host back as the snapshot taken before start found it."""
@@ -629,7 +684,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self._cgroup_roots(create=False, count=count)
         snapshot = self.dir / "host-before.json"
         if snapshot.exists():
-            HostSnapshot.load(snapshot).restore()
+            before = HostSnapshot.load(snapshot)
+            _wait_veths_gone(set(before.links))
+            before.restore()
             snapshot.unlink()
         shutil.rmtree(RUN_DIR, ignore_errors=True)
         shutil.rmtree(KUBELET_DIR, ignore_errors=True)
@@ -677,6 +734,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 VOLUMES_PER_NODE = 6
 
 
+def _wait_veths_gone(before: set[str], timeout: float = 120.0) -> None:
+    """Wait until the pods' veth ends are gone from the host. The kernel frees a deleted pod network namespace, and
+    with it the host end of its veth, only once the last socket in it is closed: the orphaned TCP connections of
+    processes killed behind a cut network (a lost node) retransmit their FIN for up to a couple of minutes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        links = {link["ifname"] for link in json.loads(_run("ip", "-j", "link", "show"))}
+        if not {name for name in links - before if name.startswith("veth")}:
+            return
+        time.sleep(1)
+
+
 def _rmdir_cgroup(d: Path) -> None:
     if not d.is_dir():
         return
@@ -703,8 +772,9 @@ def _node_processes() -> list[str]:
     return sorted(found)
 
 
-def _kill_shims() -> None:
-    """containerd-shim-runc-v2 processes of these nodes (found by their -address under RUN_DIR)."""
+def _kill_shims(under: Path = RUN_DIR) -> None:
+    """containerd-shim-runc-v2 processes of these nodes (found by their -address under ``under``: RUN_DIR, or one
+    node's directory in it)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -712,7 +782,7 @@ def _kill_shims() -> None:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and any(str(RUN_DIR).encode() in a for a in cmd):
+        if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and any(f"{under}/".encode() in a for a in cmd):
             _kill_tree(int(proc.name), signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)

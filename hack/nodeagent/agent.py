@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from hack.nodeagent.kubeletapi import KubeletApi, LogSource
-from hack.nodeagent.network import Bridge, PodNetwork, ip
+from hack.nodeagent.network import Bridge, PodNetwork
 
 log = logging.getLogger("nodeagent")
 
@@ -76,7 +76,6 @@ class PodRun:
     terminating: bool = False
     finished: bool = False  # terminal status reported
     waiting_reason: str = ""
-    hide_hosts: set[str] = field(default_factory=set)
 
     @property
     def key(self) -> str:
@@ -94,8 +93,7 @@ class PodRun:
 class NodeAgent:
     """Register a Node, bind FineTuneJob pods to it, run their containers as local processes, report status.
 
-    Usage: ``NodeAgent(kubeconfig, claims_dir=...).start()`` … ``.stop()``. Test hooks: :meth:`processes`,
-    :meth:`hide_host`, :meth:`logs`, :meth:`dump`.
+    Usage: ``NodeAgent(kubeconfig, claims_dir=...).start()`` … ``.stop()``; :meth:`logs` for failure dumps.
     """
 
     def __init__(
@@ -149,7 +147,6 @@ class NodeAgent:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._hidden: dict[tuple[str, str], set[str]] = {}  # (ns, pod) -> hostnames its hosts file omits
         self._services: dict[str, tuple[float, set[str]]] = {}
         self.errors: list[str] = []
         self.kubelet_api: KubeletApi | None = None
@@ -690,7 +687,6 @@ class NodeAgent:
 
     def _hosts_content(self, run: PodRun, runs: list[PodRun]) -> str:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        hidden = self._hidden.get((run.namespace, run.name), set())
         own_fqdn = []
         if run.subdomain:
             own_fqdn = [f"{run.hostname}.{run.subdomain}.{run.namespace}.svc.cluster.local",
@@ -702,7 +698,7 @@ class NodeAgent:
         for other in runs:
             if other is run or other.ip is None or other.namespace != run.namespace or not other.subdomain:
                 continue
-            if other.subdomain not in services or other.hostname in hidden:
+            if other.subdomain not in services:
                 continue
             h, s, ns = other.hostname, other.subdomain, other.namespace
             lines.append(f"{other.ip}\t{h}.{s}.{ns}.svc.cluster.local {h}.{s}.{ns}.svc {h}.{s}.{ns} {h}.{s}")
@@ -726,37 +722,6 @@ class NodeAgent:
             runs = [r for r in self.pods.values() if r.net is not None]
         for run in runs:
             self._write_hosts(run)
-
-    # ------------------------------------------------------------------ test hooks
-
-    def hide_host(self, namespace: str, pod: str, hostname: str) -> None:
-        """Test hook: ``pod``'s hosts file never lists ``hostname`` (the name does not resolve from that pod)."""
-        self._hidden.setdefault((namespace, pod), set()).add(hostname)
-
-    def partition(self, namespace: str, pod: str) -> None:
-        """Test hook: cut ``pod`` off the network (its eth0 down): its peers' connections to it hang until their
-        timeouts, as across a network partition. A new pod of the same name gets a new, working network."""
-        run = self.run_of(namespace, pod)
-        if run is None or run.net is None:
-            raise RuntimeError(f"{namespace}/{pod} is not running with a network of its own")
-        ip("-n", run.net.netns, "link", "set", "eth0", "down")
-
-    def run_of(self, namespace: str, pod: str) -> PodRun | None:
-        with self._lock:
-            for r in self.pods.values():
-                if r.namespace == namespace and r.name == pod and r.exit_code is None:
-                    return r
-        return None
-
-    def processes(self, namespace: str, pod: str) -> list[psutil.Process]:
-        """Every process of the pod's container (its PID namespace), host view."""
-        run = self.run_of(namespace, pod)
-        if run is None or run.proc is None or run.proc.poll() is not None:
-            return []
-        try:
-            return list(psutil.Process(run.proc.pid).children(recursive=True))
-        except psutil.NoSuchProcess:
-            return []
 
     def logs(self, namespace: str | None = None, tail: int = 60) -> str:
         """The tail of every pod log this agent kept (all attempts), for failure dumps."""

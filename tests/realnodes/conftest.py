@@ -33,11 +33,13 @@ OPERATOR_NAMESPACE = "finetune-system"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The CLI's up/down test runs before the tier's own nodes start (one set of real nodes per machine)."""
+    """The CLI's up/down test runs before the tier's own nodes start (one set of real nodes per machine); Kueue
+    (its webhooks and CRDs stay on the cluster) and a lost node (which boots again) come last."""
     mine = [i for i, item in enumerate(items) if "/realnodes/" in str(item.fspath)]
     if mine:
         block = [items[i] for i in mine]
-        block.sort(key=lambda item: 0 if item.fspath.basename == "test_host.py" else 1)  # stable otherwise
+        last = {"test_host.py": 0, "test_kueue.py": 2, "test_node_loss.py": 3}
+        block.sort(key=lambda item: last.get(item.fspath.basename, 1))  # stable otherwise
         for i, item in zip(mine, block, strict=True):
             items[i] = item
 
@@ -114,6 +116,14 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
 def cluster(real_cluster: RealCluster) -> Cluster:
     """In this tier, the cluster every shared fixture (``namespace``, ``api_client``) uses is the one with nodes."""
     return real_cluster.cluster
+
+
+@pytest.fixture(scope="package")
+def api_client(real_cluster: RealCluster) -> Any:
+    """A Kubernetes client of the cluster with nodes (the session's ``api_client`` is the other control plane's)."""
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=real_cluster.kubeconfig)
 
 
 def helm_binary() -> str:

@@ -5,8 +5,6 @@
   pods, no restart) and the job succeeds;
 - the two nodes' pod networks partitioned: rank 1 cannot reach rank 0, and the job fails with RendezvousTimeout
   naming rank 0's address;
-- a rank's training worker SIGKILLed inside its container (``kubectl exec``): the gang restarts once and resumes from
-  the newest complete checkpoint;
 - an eviction through the Eviction API: the real kubelet sends SIGTERM to the container's PID 1 (the launcher) with
   the pod's grace period; the ranks agree on a step, checkpoint, exit 143, and the next attempt resumes from exactly
   that step without counting a restart.
@@ -15,74 +13,14 @@ What each rank logged is read from the copy on the output claim (the pods of att
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from tests.realnodes.conftest import RealCluster, diagnostics, job_status
+from tests.realnodes.conftest import RealCluster, diagnostics
+from tests.realnodes.jobs import STEPS, TIMEOUT, complete_checkpoints, long_tiny, sigterm_steps, wait_terminal
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.realnodes
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 600
-STEPS, INTERVAL = 400, 50
-# Inside the container: the PID of the training worker (not torchrun's agent), then SIGKILL it.
-KILL_WORKER = ("import os, signal\n"
-               "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-               "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
-               "    if b'finetune_trainer.worker' in cmd and b'torch.distributed.run' not in cmd:\n"
-               "        os.kill(int(pid), signal.SIGKILL); print('killed', pid); break\n"
-               "else:\n"
-               "    raise SystemExit('no worker')\n")
-
-
-def long_tiny(rc: RealCluster, namespace: str, name: str, **spec: Any) -> Path:
-    """examples/tiny-job.yaml under ``name``, long enough to act on while it trains; returns its output directory."""
-    rc.shared_claim(namespace, "finetune-workspace", content=ROOT / "examples", read_only=True)
-    output = rc.shared_claim(namespace, "finetune-output")
-    job = yaml.safe_load((ROOT / "examples" / "tiny-job.yaml").read_text())
-    job["metadata"] = {"name": name, "namespace": namespace}
-    job["spec"]["training"].update(maxSteps=STEPS, checkpointEverySteps=INTERVAL)
-    job["spec"].update(spec)
-    rc.kubectl("apply", "-f", "-", input=json.dumps(job))
-    return output / namespace / name
-
-
-def complete_checkpoints(out: Path) -> list[int]:
-    return sorted(int(c.name.split("-")[1]) for c in (out / "checkpoints").glob("checkpoint-*")
-                  if (c / "COMPLETE").exists())
-
-
-def wait_terminal(rc: RealCluster, namespace: str, name: str) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        st = job_status(rc, namespace, name)
-        return st if st.get("state") in ("Succeeded", "Failed") else None
-    return dict(wait_for(done, timeout=TIMEOUT, what=f"{name} to finish", interval=2))
-
-
-def test_a_rank_killed_in_its_container_restarts_the_gang_from_the_newest_checkpoint(
-        real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
-    rc = real_cluster
-    out = long_tiny(rc, namespace, "killed", terminationGracePeriodSeconds=15)
-    first = wait_for(lambda: complete_checkpoints(out), timeout=TIMEOUT, what="a complete checkpoint",
-                     interval=0.5)[-1]
-    killed = rc.kubectl("exec", "-n", namespace, "killed-node-1", "--", "python", "-c", KILL_WORKER)
-    assert killed.startswith("killed "), killed
-    assert not (out / "result.json").exists(), "training finished before the kill"
-
-    st = wait_terminal(rc, namespace, "killed")
-    assert st["state"] == "Succeeded" and st["restarts"] == 1, (st, diagnostics(rc, namespace))
-    result = json.loads((out / "result.json").read_text())
-    assert result["steps"] == STEPS
-    resumed = result["resumed_from_step"]
-    assert resumed and resumed >= first and resumed % INTERVAL == 0, result
-    attempts = json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
-    assert {p["metadata"]["labels"]["finetune.dev/attempt"] for p in attempts} == {"1"}
-    # The restart threw away at most one checkpoint interval of work (what was trained since the checkpoint).
-    assert 0 <= st["progress"]["stepsLostToRestarts"] <= INTERVAL, st
 
 
 def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resumes_from_it(
@@ -100,9 +38,8 @@ def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resum
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     assert (st["restarts"], st["disruptions"]) == (0, 1), st
     assert st["failure"]["reason"] == "Evicted", st["failure"]
-    logs = "".join(f.read_text(errors="replace") for f in (out / "logs" / "attempt-0").glob("node-*.log"))
-    stopped = {int(m) for m in re.findall(r"stopped on SIGTERM at step (\d+) after saving a checkpoint", logs)}
-    assert len(stopped) == 1, (stopped, logs[-3000:])  # every rank stopped at the same agreed step
+    stopped = sigterm_steps(out, 0)
+    assert len(stopped) == 1, stopped  # every rank stopped at the same agreed step
     (step,) = stopped
     result = json.loads((out / "result.json").read_text())
     assert step >= first and result["resumed_from_step"] == step, (step, result)
