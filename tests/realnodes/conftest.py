@@ -27,8 +27,9 @@ from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "finetune-operator"
-# Chart values for a test cluster: progress every 2 s instead of 15 (the tiny jobs train for seconds).
-FAST = ["--set", "operator.progressIntervalSeconds=2"]
+# Chart values for a test cluster: progress every 2 s instead of 15 (the tiny jobs train for seconds); a pod stuck on
+# a lost node force-deleted 10 s past its grace period and the node's NotReady instead of 30.
+FAST = ["--set", "operator.progressIntervalSeconds=2", "--set", "operator.forceDelete.afterSeconds=10"]
 OPERATOR_NAMESPACE = "finetune-system"
 
 

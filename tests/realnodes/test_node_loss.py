@@ -7,7 +7,7 @@ after its grace period (50 s) and taints it ``node.kubernetes.io/unreachable:NoE
 that taint for 5 s (``spec.podTemplate.tolerations``, as a platform that wants fast failover sets them; Kubernetes'
 default is 300 s), so the taint eviction controller deletes the pod, which no kubelet will ever confirm. The
 operator must restart the gang (a disruption: ``maxRestarts: 0`` would end the job on a counted failure),
-force-delete the stuck pod once the node has been NotReady for ``operator.forceDelete.afterSeconds`` (one
+force-delete the stuck pod once the node has been NotReady for ``operator.forceDelete.afterSeconds`` (10 s here; one
 ``ForceDeleted`` event), and only then create the next attempt, which the scheduler places on the node left; it
 resumes from the newest complete checkpoint. The node then boots again (``NodeCluster.rejoin``) and is Ready and
 untainted for the tests after this one.
@@ -33,7 +33,6 @@ from tests.realnodes.conftest import RealCluster, diagnostics, job_status
 from tests.realnodes.jobs import (
     INTERVAL,
     SPREAD,
-    STEPS,
     complete_checkpoints,
     event_reasons,
     long_tiny,
@@ -45,6 +44,7 @@ from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.faults]
 TOLERATE = 5  # seconds the pods tolerate an unreachable or not-ready node
+STEPS = 200  # the next attempt trains both ranks on the node left
 FAST_FAILOVER = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute",
                   "tolerationSeconds": TOLERATE} for taint in ("unreachable", "not-ready")]
 
@@ -52,7 +52,7 @@ FAST_FAILOVER = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "e
 def test_a_lost_node_restarts_the_gang_on_the_node_left_after_its_stuck_pod_is_force_deleted(
         real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient) -> None:
     rc = real_cluster
-    out = long_tiny(rc, namespace, "lost", maxRestarts=0, terminationGracePeriodSeconds=10,
+    out = long_tiny(rc, namespace, "lost", steps=STEPS, maxRestarts=0, terminationGracePeriodSeconds=5,
                     pod={"affinity": SPREAD, "tolerations": FAST_FAILOVER})
     seen = Observed()
     podwatch = PodWatch(api_client, namespace, seen)
