@@ -1,6 +1,7 @@
 """Kueue's objects as the Kueue tiers use them (tests/integration/test_kueue.py with fake GPU nodes,
-tests/realnodes/test_kueue.py with real training on real nodes): a real Kueue started for a control plane with its ResourceFlavor and
-WorkloadPriorityClasses, a ClusterQueue and LocalQueue per test namespace, and reads of Workloads and quota.
+tests/realnodes/test_kueue.py with real training on real nodes): a real Kueue started for a control plane with its
+ResourceFlavor and WorkloadPriorityClasses, a ClusterQueue and LocalQueue per test namespace, and reads of Workloads
+and quota.
 """
 
 from __future__ import annotations

@@ -528,17 +528,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _kubectl(self, *args: str, input: str | None = None) -> str:
         return _run(str(BIN_DIR / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args, input=input)
 
-    def _wait_ready(self, t0: float, timeout: float) -> None:
+    def _wait_ready(self, t0: float, timeout: float, *, untainted: bool = False) -> None:
+        """Every node Ready (and, with ``untainted``, without the node lifecycle controller's taints)."""
         want = {node_name(i) for i in range(self.count)}
         while True:
             self._check()
             nodes = json.loads(self._kubectl("get", "nodes", "-o", "json"))["items"]
             ready = {n["metadata"]["name"] for n in nodes
-                     if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))}
+                     if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+                     and not (untainted and any(t["key"].startswith("node.kubernetes.io/")
+                                                for t in n["spec"].get("taints") or []))}
             if want <= ready:
                 return
             if time.monotonic() - t0 > timeout:
-                raise ClusterError(f"nodes not Ready after {timeout:.0f}s: {sorted(want - ready)}; see {self.dir}/logs")
+                raise ClusterError(f"nodes not Ready{' and untainted' if untainted else ''} after {timeout:.0f}s: "
+                                   f"{sorted(want - ready)}; see {self.dir}/logs")
             time.sleep(0.5)
 
     def _storage(self) -> None:
@@ -637,18 +641,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             _run("iptables", "-D", *rule, check=False)
         self._start_containerd(i)
         self._start_kubelet(i, self.cluster.state_dir / "pki")
-        t0 = time.monotonic()
-        while True:
-            self._check()
-            node = json.loads(self._kubectl("get", "node", node_name(i), "-o", "json"))
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
-            tainted = any(t["key"].startswith("node.kubernetes.io/") for t in node["spec"].get("taints") or [])
-            if ready and not tainted:
-                return
-            if time.monotonic() - t0 > timeout:
-                raise ClusterError(f"{node_name(i)} not Ready and untainted {timeout:.0f}s after it rejoined; see "
-                                   f"{self.log(f'kubelet-{node_name(i)}')}")
-            time.sleep(0.5)
+        self._wait_ready(time.monotonic(), timeout, untainted=True)
 
     @staticmethod
     def _lost_rules(i: int) -> list[list[str]]:

@@ -9,7 +9,6 @@ Runtime image (``acceleration: ort``) runs from the ORT stack's venv (``.ci/venv
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -19,14 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from hack.nodeagent.agent import NodeAgent, default_image_venv
 from tests.integration.harness import Jobs, OperatorProcess
 from tests.trainer.helpers import ort_venv, ort_venv_problem
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY_JOB = ROOT / "examples" / "tiny-job.yaml"
 ORT_IMAGE = "trainer-ort:test"  # the operator's ONNX Runtime image here; the node agent runs it from the ORT venv
 
 
@@ -39,19 +36,6 @@ def _why_not_supported() -> str | None:
     if not (default_image_venv() / "bin" / "finetune-trainer").exists():
         return f"no finetune-trainer in {default_image_venv()} (set FINETUNE_AGENT_IMAGE_VENV)"
     return None
-
-
-def tiny_job(name: str, **spec: Any) -> dict[str, Any]:
-    """examples/tiny-job.yaml under another name, with spec overrides (dotted keys allowed)."""
-    job = copy.deepcopy(yaml.safe_load(TINY_JOB.read_text()))
-    job["metadata"] = {"name": name}
-    for key, value in spec.items():
-        node = job["spec"]
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return job
 
 
 @dataclass

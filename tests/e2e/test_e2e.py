@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import E2E, ORT_IMAGE, tiny_job
+from tests.e2e.conftest import E2E, ORT_IMAGE
+from tests.examplejobs import tiny_job
 from tests.trainer.helpers import ort_venv_problem
 from tests.waiting import wait_for
 

@@ -4,12 +4,12 @@ its checkpoints, status and events, and signals sent to a rank's training worker
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tests.examplejobs import tiny_job
 from tests.realnodes.conftest import RealCluster, job_status
 from tests.waiting import wait_for
 
@@ -36,18 +36,11 @@ def long_tiny(rc: RealCluster, namespace: str, name: str, *, steps: int = STEPS,
     podTemplate); returns its output directory."""
     rc.shared_claim(namespace, "finetune-workspace", content=ROOT / "examples", read_only=True)
     output = rc.shared_claim(namespace, "finetune-output")
-    job = yaml.safe_load((ROOT / "examples" / "tiny-job.yaml").read_text())
-    job["metadata"] = {"name": name, "namespace": namespace}
-    job["spec"]["training"].update(maxSteps=steps, checkpointEverySteps=interval)
+    job = tiny_job(name, **{"training.maxSteps": steps, "training.checkpointEverySteps": interval}, **spec)
+    job["metadata"]["namespace"] = namespace
     job["spec"]["podTemplate"].update(pod or {})
     if labels:
         job["spec"]["podTemplate"]["labels"] = labels
-    for key, value in spec.items():  # dotted keys reach into the spec
-        node = job["spec"]
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
     rc.kubectl("apply", "-f", "-", input=json.dumps(job))
     return output / namespace / name
 
@@ -98,3 +91,10 @@ def sigterm_steps(out: Path, attempt: int) -> set[int]:
     the output claim: the pods are gone by then)."""
     logs = "".join(f.read_text(errors="replace") for f in (out / "logs" / f"attempt-{attempt}").glob("node-*.log"))
     return {int(m) for m in re.findall(r"stopped on SIGTERM at step (\d+) after saving a checkpoint", logs)}
+
+
+def report(name: str, figures: dict[str, Any]) -> None:
+    """A scenario's figures: one JSON line on stdout, and ``$FAULTS_REPORT`` with the suffix ``.<name>.json``."""
+    print(json.dumps(figures))
+    if out := os.environ.get("FAULTS_REPORT"):
+        Path(out).with_suffix(f".{name}.json").write_text(json.dumps(figures, indent=2))

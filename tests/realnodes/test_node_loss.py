@@ -21,9 +21,7 @@ hung unmount) cannot be made to happen on demand; it stays in the fault tier on 
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -38,6 +36,7 @@ from tests.realnodes.jobs import (
     long_tiny,
     node_of,
     pods,
+    report,
     wait_terminal,
 )
 from tests.waiting import wait_for
@@ -94,9 +93,7 @@ def test_a_lost_node_restarts_the_gang_on_the_node_left_after_its_stuck_pod_is_f
                "time_to_detect_s": round(detect, 1), "force_deleted_after_s": round(forced, 1),
                "recovered_after_s": round(recovered, 1), "force_deleted_events": events.count("ForceDeleted"),
                "violations": len(seen.overlaps) + abs(events.count("ForceDeleted") - 1)}
-    print(json.dumps(figures))
-    if report := os.environ.get("FAULTS_REPORT"):
-        Path(report).with_suffix(".node-lost-real.json").write_text(json.dumps(figures, indent=2))
+    report("node-lost-real", figures)
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 1), st
     assert seen.overlaps == [], seen.overlaps

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from kubernetes import client
 
 from tests.faults.harness import Observed, PodWatch
 from tests.realnodes.conftest import RealCluster, diagnostics, job_status
-from tests.realnodes.jobs import SPREAD, long_tiny, node_of, signal_worker, training, wait_terminal
+from tests.realnodes.jobs import SPREAD, long_tiny, node_of, report, signal_worker, training, wait_terminal
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.faults]
@@ -38,12 +37,6 @@ def _pct(values: list[float]) -> dict[str, float]:
     s = sorted(values)
     return {"p50": round(s[len(s) // 2], 2), "p95": round(s[min(len(s) - 1, int(len(s) * 0.95))], 2),
             "max": round(s[-1], 2)}
-
-
-def _report(name: str, report: dict[str, Any]) -> None:
-    print(json.dumps(report))
-    if out := os.environ.get("FAULTS_REPORT"):
-        Path(out).with_suffix(f".{name}.json").write_text(json.dumps(report, indent=2))
 
 
 def _recover(rc: RealCluster, ns: str, job: str, attempt: int, t0: float) -> tuple[float, float, int, dict[str, Any]]:
@@ -96,14 +89,14 @@ def test_rank_sigkill_at_random_steps(real_cluster: RealCluster, chart_operator:
         podwatch.stop.set()
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     result = json.loads((out / "result.json").read_text())
-    report = {"scenario": "rank SIGKILL at random steps (real nodes)", "seed": SEED, "kills": KILLS,
-              "max_steps": max_steps, "checkpoint_interval": INTERVAL,
-              "violations": len(seen.overlaps) + (st.get("restarts") != KILLS)
-              + sum(s > INTERVAL for s in lost) + sum(r % INTERVAL != 0 for r in resumed),
-              "time_to_detect_s": _pct(detect), "restart_gap_s": _pct(gaps), "recovery_s": _pct(recover),
-              "steps_lost_per_restart": {"max": max(lost), "total": sum(lost)},
-              "pods_created": seen.pods_created["kills"]}
-    _report("rank-kills", report)
+    figures = {"scenario": "rank SIGKILL at random steps (real nodes)", "seed": SEED, "kills": KILLS,
+               "max_steps": max_steps, "checkpoint_interval": INTERVAL,
+               "violations": len(seen.overlaps) + (st.get("restarts") != KILLS)
+               + sum(s > INTERVAL for s in lost) + sum(r % INTERVAL != 0 for r in resumed),
+               "time_to_detect_s": _pct(detect), "restart_gap_s": _pct(gaps), "recovery_s": _pct(recover),
+               "steps_lost_per_restart": {"max": max(lost), "total": sum(lost)},
+               "pods_created": seen.pods_created["kills"]}
+    report("rank-kills", figures)
     assert seen.overlaps == [], seen.overlaps
     assert st["restarts"] == KILLS, st
     assert result["steps"] == max_steps, result
@@ -150,7 +143,7 @@ def test_frozen_rank_and_partitioned_nodes(real_cluster: RealCluster, chart_oper
         st = wait_terminal(rc, namespace, "frozen")
     finally:
         podwatch.stop.set()
-    _report("frozen-partitioned", {"scenario": "frozen rank (SIGSTOP), partitioned nodes (real nodes)",
+    report("frozen-partitioned", {"scenario": "frozen rank (SIGSTOP), partitioned nodes (real nodes)",
                                    "ddp_timeout_s": 20, **figures,
                                    "violations": len(seen.overlaps) + (st["state"] != "Succeeded")})
     assert seen.overlaps == [], seen.overlaps
