@@ -33,7 +33,7 @@ GRACE = 2  # the jobs' terminationGracePeriodSeconds
 
 
 class Binder(threading.Thread):
-    """The scheduler's part: binds each unbound trainer pod to a node not lost, rank r to the r-th such node."""
+    """The scheduler's part: binds each unbound trainer pod to a node, rank r to the r-th node."""
 
     def __init__(self, api: client.ApiClient, namespace: str, nodes: GpuNodes) -> None:
         super().__init__(daemon=True)
@@ -46,8 +46,8 @@ class Binder(threading.Thread):
                 for pod in self.core.list_namespaced_pod(self.ns, label_selector="finetune.dev/job-name").items:
                     if pod.spec.node_name or pod.metadata.deletion_timestamp:
                         continue
-                    live = [n for n in self.nodes.names if n not in self.nodes.lost]
-                    node = live[int(pod.metadata.labels["finetune.dev/node-rank"]) % len(live)]
+                    names = self.nodes.names
+                    node = names[int(pod.metadata.labels["finetune.dev/node-rank"]) % len(names)]
                     self.core.create_namespaced_binding(self.ns, {
                         "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod.metadata.name},
                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
