@@ -73,13 +73,13 @@ test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, r
 lint: setup ## ruff and mypy --strict on the operator (the unit tier runs them too)
 	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit tests/realnodes hack bench/node_store.py && $(VENV)/bin/mypy
 
-generate: ## regenerate docs/reference.md (from the CRD), the Grafana dashboard, the operator's copy of the config contract and the chart's README
+generate: ## regenerate docs/reference.md (from the CRD), the Grafana dashboard, the operator's copy of the config contract, both stacks' TrainingArguments and the chart's README
 	@$(PY) -m hack.helmtools.crd_reference && $(PY) -m hack.helmtools.dashboard && $(PY) -m hack.contract && \
-		$(PY) -m hack.helmtools.chart_readme
+		$(PY) -m hack.training_args && $(PY) -m hack.helmtools.chart_readme
 
 verify: ## fail when generated files drift from their sources
 	@$(PY) -m hack.helmtools.crd_reference --check && $(PY) -m hack.helmtools.dashboard --check && \
-		$(PY) -m hack.contract --check && $(PY) -m hack.helmtools.chart_readme --check
+		$(PY) -m hack.contract --check && $(PY) -m hack.training_args --check && $(PY) -m hack.helmtools.chart_readme --check
 
 test-faults: setup ## fault injection: operator SIGKILLs at random moments, invariants checked, figures printed
 	@$(PY) -m pytest -m faults -s

@@ -19,6 +19,8 @@ from typing import Any
 
 from finetune_operator.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def peering_priority(pod_name: str) -> int:
     """Distinct per replica: two live replicas with equal priorities both pause in kopf (and in the backstop gate),
@@ -36,25 +38,41 @@ def _peering_priority() -> int:
 
 
 class PeeringGate:
-    """Reads kopf's peering object at most every few seconds; a failed read keeps the last answer."""
+    """Whether this replica runs the backstop (finetune_operator.peering.backstop_active), from kopf's peering object
+    of every watched namespace (or the cluster-wide one), read at most every few seconds; a failed read keeps the
+    last answer. Exports the answer and the missing objects, and logs each object that goes missing or comes back."""
 
-    def __init__(self, kube: Any, namespace: str | None, priority: int, every: float = 1.0) -> None:
-        self.kube, self.namespace, self.priority, self.every = kube, namespace, priority, every
+    def __init__(self, kube: Any, namespaces: tuple[str, ...], priority: int, metrics: Any = None,
+                 every: float = 1.0) -> None:
+        self.kube, self.priority, self.metrics, self.every = kube, priority, metrics, every
+        self.namespaces: tuple[str | None, ...] = namespaces or (None,)
         self._at, self._answer = float("-inf"), False
+        self._missing: set[str | None] = set()
 
     def __call__(self) -> bool:
         from datetime import UTC, datetime
 
-        from finetune_operator.peering import peering_active
+        from finetune_operator.peering import backstop_active
 
-        if time.monotonic() - self._at >= self.every:
-            self._at = time.monotonic()
-            try:
-                obj = self.kube.get_peering("finetune-operator", self.namespace) or {}
-                self._answer = peering_active(obj.get("status") or {}, own_priority=self.priority,
-                                              now=datetime.now(UTC))
-            except Exception:  # keep the last answer; kopf's own peering also rides out API hiccups
-                pass
+        if time.monotonic() - self._at < self.every:
+            return self._answer
+        self._at = time.monotonic()
+        try:
+            objects = {ns: self.kube.get_peering("finetune-operator", ns) for ns in self.namespaces}
+        except Exception as e:  # keep the last answer; kopf's own peering also rides out API hiccups
+            log.debug("peering read failed, keeping the last answer: %s", e)
+            return self._answer
+        self._answer, missing = backstop_active(objects, own_priority=self.priority, now=datetime.now(UTC))
+        for ns in set(missing) - self._missing:
+            log.error("the KopfPeering finetune-operator %s is missing: replicas cannot coordinate through it "
+                      "(kopf and the backstop ignore it); the chart creates it: `helm upgrade` the release",
+                      f"in namespace {ns}" if ns else "(cluster-wide)")
+        for ns in self._missing - set(missing):
+            log.info("the KopfPeering finetune-operator %s is back", f"in namespace {ns}" if ns else "(cluster-wide)")
+        self._missing = set(missing)
+        if self.metrics is not None:
+            self.metrics.backstop_active.set(1 if self._answer else 0)
+            self.metrics.peering_missing.set(len(missing))
         return self._answer
 
 
@@ -85,7 +103,7 @@ def run_operator(args: argparse.Namespace) -> int:
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=controller.metrics.registry)
     if not args.standalone:
-        controller.active = PeeringGate(controller.kube, next(iter(settings.namespaces), None), _priority)
+        controller.active = PeeringGate(controller.kube, tuple(settings.namespaces), _priority, controller.metrics)
     stop = threading.Event()
     backstop = threading.Thread(target=controller.loop, args=(stop,), name="backstop", daemon=True)
     backstop.start()

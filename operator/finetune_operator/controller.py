@@ -1,8 +1,10 @@
 """Runs reconcile passes: read (job, pods) → decide (pure) → write (creates, status, deletes, events).
 
 Passes for one job are serialized by a per-job lock, because the job's own watch events, its pods'
-events and the backstop timer can all ask for the same job at once. The backstop loop also runs the
-requeues that a plan asked for (TTL expiry, deadlines, waiting timeouts, restart clean-up).
+events and the backstop timer can all ask for the same job at once; nothing waits for that lock: a
+caller that finds it held marks the job dirty and the holder runs once more. The backstop loop also runs
+the requeues that a plan asked for (TTL expiry, deadlines, waiting timeouts, restart clean-up), on a
+small pool of its own so one slow pass delays no other job's deadline.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +40,8 @@ def _now() -> datetime:
 
 
 LIST_EVERY = 10  # backstop ticks between lists of the jobs when a store serves them
+NS_BUSY_RETRY = 0.2  # seconds: a pass that found its namespace's admission lock held comes back after this
+BACKSTOP_WORKERS = 4  # threads that run the backstop's passes (requeues, resyncs), so one slow pass stalls no other
 
 
 class Controller:
@@ -54,6 +59,9 @@ class Controller:
         self._ns_locks: dict[str, threading.Lock] = {}
         self._due: dict[Key, float] = {}
         self._dirty: set[Key] = set()  # jobs with a watch event that no pass has looked at yet
+        self._queued: set[Key] = set()  # jobs with a pass waiting in the backstop's pool
+        self._pool = ThreadPoolExecutor(max_workers=BACKSTOP_WORKERS, thread_name_prefix="backstop")
+        self.last_tick = time.monotonic()  # the backstop loop's heartbeat (healthy())
         self._states: dict[Key, str] = {}
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
         # Rank 0's metrics, read off the reconcile path (finetune_operator.scrape); a finished scrape asks for a pass.
@@ -100,30 +108,26 @@ class Controller:
 
     # -- one pass ------------------------------------------------------------------------------------
 
-    def on_event(self, namespace: str, name: str) -> None:
-        """A watch event for this job: run a pass, coalescing. While a pass for the job runs, further events only
-        mark it dirty and return at once (freeing the watch's worker); the running pass then runs once more for all
-        of them. A burst of pod events (a gang's pods created, or starting together) costs two passes, not one per
-        event."""
+    def on_event(self, namespace: str, name: str, job: dict[str, Any] | None = None) -> None:
+        """A watch event for this job (or a backstop pass: a requeue, a resync with the listed ``job``): run a pass,
+        coalescing, never waiting. While a pass for the job runs, further calls only mark it dirty and return at once
+        (freeing the watch's worker or the backstop's); the running pass then runs once more for all of them. A
+        burst of pod events (a gang's pods created, or starting together) costs two passes, not one per event."""
         key = (namespace, name)
         with self._guard:
             self._dirty.add(key)
         lock = self._lock(key)
         while lock.acquire(blocking=False):
             try:
-                self._drain(key, None)
+                with self._guard:
+                    self._dirty.discard(key)
+                self._drain(key, self._reconcile_locked(key, job))
+                job = None  # a listed body is for the first pass only: later ones read the newer store
             finally:
                 lock.release()
             with self._guard:  # an event that came between the last check and the release
                 if key not in self._dirty:
                     return
-
-    def reconcile(self, namespace: str, name: str, job: dict[str, Any] | None = None) -> Plan | None:
-        key = (namespace, name)
-        with self._lock(key):
-            with self._guard:
-                self._dirty.discard(key)  # this pass reads the newest state the store has
-            return self._drain(key, self._reconcile_locked(key, job))
 
     def _drain(self, key: Key, plan: Plan | None) -> Plan | None:
         """With the job's lock held: one more pass while events came that were left to the holder (on_event)."""
@@ -176,9 +180,16 @@ class Controller:
         admitting = status.state not in TERMINAL and status.attempt_start_time is None
         if admitting and (self.settings.max_nodes_per_namespace or self.settings.max_gpus_per_namespace):
             # Admission against namespace totals: one job of a namespace at a time, so two jobs cannot both
-            # take the last GPUs (the first one's status write is visible to the second one's list).
-            with self._ns_lock(key[0]):
+            # take the last GPUs (the first one's status write is visible to the second one's list). A pass never
+            # waits for the lock (that would hold a worker of the watch or the backstop): it comes back shortly.
+            ns_lock = self._ns_lock(key[0])
+            if not ns_lock.acquire(blocking=False):
+                self.requeue(key, NS_BUSY_RETRY)
+                return None
+            try:
                 return self._act(key, job, self._observe(job, usage=True))
+            finally:
+                ns_lock.release()
         return self._act(key, job, self._observe(job, usage=False) if admitting else Observed())
 
     def _observe(self, job: Job, *, usage: bool) -> Observed:
@@ -333,7 +344,7 @@ class Controller:
     def resync(self) -> None:
         """Reconcile every job that can still change (active ones, finished ones with a TTL). With a store the
         jobs come from memory; every :data:`LIST_EVERY` ticks (and the first) they are listed, a safety net for a
-        watch that missed something."""
+        watch that missed something. The passes go to the backstop's pool (:meth:`submit`)."""
         namespaces: tuple[str | None, ...] = self.settings.namespaces or (None,)
         listing = self.store is None or self._resyncs % LIST_EVERY == 0
         self._resyncs += 1
@@ -361,7 +372,29 @@ class Controller:
                 with self._guard:
                     if self._passed.get(key, float("-inf")) > listed_at:
                         continue  # an event-driven pass ran after the list: the listed body is stale
-                self.reconcile(key[0], key[1], job)
+                self.submit(key, job)
+
+    def submit(self, key: Key, job: dict[str, Any] | None = None) -> None:
+        """A pass for ``key`` on the backstop's pool. A job already waiting there is only marked dirty: the waiting
+        or running pass covers it (:meth:`on_event`), so a slow API server never piles up passes."""
+        with self._guard:
+            self._dirty.add(key)
+            if key in self._queued:
+                return
+            self._queued.add(key)
+        try:
+            self._pool.submit(self._pooled_pass, key, job)
+        except RuntimeError:  # the pool is shut down: the operator is stopping
+            with self._guard:
+                self._queued.discard(key)
+
+    def _pooled_pass(self, key: Key, job: dict[str, Any] | None) -> None:
+        with self._guard:
+            self._queued.discard(key)  # from now on a new reason for a pass queues another (or marks this one)
+        try:
+            self.on_event(key[0], key[1], job)
+        except Exception:
+            log.exception("backstop pass for %s/%s failed", *key)
 
     def run_due(self) -> None:
         now = time.monotonic()
@@ -369,24 +402,46 @@ class Controller:
             due = [k for k, t in self._due.items() if t <= now]
             for k in due:
                 del self._due[k]
-        for ns, name in due:
-            self.reconcile(ns, name)
+        for key in due:
+            self.submit(key)
+
+    def healthy(self, max_age: float) -> str | None:
+        """None while the backstop loop ticks; else why not (for the liveness probe: a stuck loop means deadlines,
+        TTLs and retries stopped, and a restart is the fix)."""
+        age = time.monotonic() - self.last_tick
+        if age > max_age:
+            return f"the backstop loop last ticked {age:.0f}s ago (limit {max_age:.0f}s)"
+        return None
 
     def loop(self, stop: threading.Event) -> None:
-        """Backstop timer plus requeues, until ``stop`` is set. Never raises."""
+        """Backstop timer plus requeues, until ``stop`` is set. Never raises. The loop itself only decides what is
+        due and hands it to the pool; resyncs run there too, one at a time, so the loop keeps ticking (its heartbeat
+        is the liveness probe's) whatever the API server does."""
         next_resync = time.monotonic() + self.settings.resync_seconds
         was_active = True
-        while not stop.wait(0.5):
-            try:
-                if not self.active():
-                    was_active = False
-                    continue  # a standby replica: kopf has paused this replica's handlers too
-                if not was_active and self.store is not None:
-                    self.store.invalidate()  # the watches were paused: what they missed must be listed
-                was_active = True
-                self.run_due()
-                if time.monotonic() >= next_resync:
-                    next_resync = time.monotonic() + self.settings.resync_seconds
-                    self.resync()
-            except Exception:
-                log.exception("backstop loop pass failed")
+        resyncing: list[Any] = []
+        try:
+            while not stop.wait(0.5):
+                self.last_tick = time.monotonic()
+                self.metrics.backstop_tick.set_to_current_time()
+                try:
+                    if not self.active():
+                        was_active = False
+                        continue  # a standby replica: kopf has paused this replica's handlers too
+                    if not was_active and self.store is not None:
+                        self.store.invalidate()  # the watches were paused: what they missed must be listed
+                    was_active = True
+                    self.run_due()
+                    if time.monotonic() >= next_resync and not (resyncing and not resyncing[0].done()):
+                        next_resync = time.monotonic() + self.settings.resync_seconds
+                        resyncing[:] = [self._pool.submit(self._resync_logged)]
+                except Exception:
+                    log.exception("backstop loop pass failed")
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _resync_logged(self) -> None:
+        try:
+            self.resync()
+        except Exception:
+            log.exception("backstop resync failed")

@@ -3,6 +3,7 @@ through Helm values). A violation fails the job at once with a message naming th
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from finetune_operator.builders import JobRef
@@ -49,7 +50,8 @@ def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
             return Violation("InvalidSpec", f"spec.env[{i}].name: {e['name']} would load code from outside the "
                              f"image; {allowed}: put the code in an allowed image")
     for i, v in enumerate(spec.pod_template.volumes):
-        mp = v.mount_path.rstrip("/") or "/"
+        # The parser refuses paths not in normal form; compared in the form the container runtime mounts anyway.
+        mp = "/" + posixpath.normpath(v.mount_path).lstrip("/")
         if mp in ("/", "/etc") or any(mp == c or mp.startswith(c + "/") or c.startswith(mp + "/")
                                       for c in IMAGE_CODE_PATHS):
             return Violation("InvalidSpec", f"spec.podTemplate.volumes[{i}].mountPath: {v.mount_path} would mount "

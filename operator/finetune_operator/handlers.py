@@ -19,6 +19,7 @@ from finetune_operator.controller import Controller
 from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
+BACKSTOP_STALE_SECONDS = 120.0  # the liveness probe fails when the backstop loop has not ticked for this long
 
 
 class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -77,6 +78,15 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
         # shutting down never reconciles after its successor took over.
         if on_cleanup is not None:
             on_cleanup()
+
+    @kopf.on.probe(id="backstop", registry=registry)
+    def backstop(**_: Any) -> str:
+        # The liveness endpoint answers 500 when the backstop loop stops ticking: kopf's watches may look fine while
+        # every deadline, TTL and retry has stopped, and a restart is what fixes a stuck thread.
+        why = controller.healthy(max_age=BACKSTOP_STALE_SECONDS)
+        if why is not None:
+            raise kopf.PermanentError(why)
+        return "ticking"
 
     store = controller.store
     # The handlers are coroutines: the store takes an event in the event loop (no I/O, a lock held for microseconds),

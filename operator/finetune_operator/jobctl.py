@@ -118,7 +118,7 @@ def local_errors(job: dict[str, Any]) -> list[str]:
     try:
         parse_spec(job.get("spec") or {})
     except SpecError as e:
-        errors.append(str(e))
+        errors.extend(e.lines())
     except (KeyError, TypeError, ValueError) as e:
         errors.append(f"spec: {e}")
     return errors
@@ -129,21 +129,29 @@ def server_errors(ctx: Context, job: dict[str, Any]) -> list[str]:
     try:
         ctx.kube.apply_job(job, dry_run=True)
     except Rejected as e:
-        return [e.message]
+        # One line per invalid field when the server lists them (a 422 does), else its message.
+        return [f"{f}: {m}" if f else m for f, m in e.causes] or [e.message]
     except ApiError as e:
         # Server-side apply answers a field the schema does not declare with a 500 ("failed to create typed patch
         # object (...): .spec.x: field not declared in schema"): the manifest's fault, not the server's.
-        if e.code == 500 and "not declared in schema" in e.message:
+        if e.code == 500 and "failed to create typed patch object" in e.message:
             return [e.message.rpartition("): ")[2] or e.message]
         raise
     return []
 
 
+def merged_errors(local: list[str], server: list[str]) -> list[str]:
+    """Every error of a manifest at once: the typed spec's, then the server's about fields the typed spec did not
+    already name (both check some of the same rules; each field is reported once)."""
+    named = {e.split(":", 1)[0].removeprefix(".") for e in local}
+    return local + [e for e in server if e.split(":", 1)[0].removeprefix(".") not in named]
+
+
 def cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     job = load_manifest(args.file, ctx)
     errors = local_errors(job)
-    if not errors and not args.offline:
-        errors = server_errors(ctx, job)
+    if not args.offline:
+        errors = merged_errors(errors, server_errors(ctx, job))
     where = "the typed spec" if args.offline else "the typed spec and a server dry run"
     if errors:
         for e in errors:
@@ -156,7 +164,7 @@ def cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_submit(ctx: Context, args: argparse.Namespace) -> int:
     job = load_manifest(args.file, ctx)
-    errors = local_errors(job) or server_errors(ctx, job)
+    errors = merged_errors(local_errors(job), server_errors(ctx, job))
     if errors:
         for e in errors:
             ctx.err.print(f"[red]error[/red] {args.file}: {e}", highlight=False)

@@ -44,10 +44,11 @@ class ApiError(Exception):
     """A request the API server answered with an error (or that failed on the way); the controller sees only this
     module's exceptions, never the client library's."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, causes: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(f"({code}) {message}")
         self.code = code
         self.message = message
+        self.causes = causes  # (field, message) of each invalid field, from the Status object's details
 
 
 class Conflict(ApiError):
@@ -67,11 +68,20 @@ def _message(body: bytes, reason: str) -> str:
         return reason
 
 
-def _error(code: int, message: str, *, conflict: tuple[int, ...] = ()) -> ApiError:
+def _causes(body: bytes) -> tuple[tuple[str, str], ...]:
+    """``details.causes`` of an error answer: one (field, message) per invalid field of a 422."""
+    try:
+        causes = (json.loads(body or b"{}").get("details") or {}).get("causes") or []
+        return tuple((str(c.get("field") or ""), str(c.get("message") or "")) for c in causes if isinstance(c, dict))
+    except (TypeError, ValueError, AttributeError):
+        return ()
+
+
+def _error(code: int, message: str, *, conflict: tuple[int, ...] = (), body: bytes = b"") -> ApiError:
     if code in conflict:
         return Conflict(code, message)
     if code in (400, 403, 422):
-        return Rejected(code, message)
+        return Rejected(code, message, _causes(body))
     return ApiError(code, message)
 
 
@@ -162,7 +172,7 @@ class Kube:
         data = resp.read()  # the whole error answer: the connection goes back to the pool clean
         if resp.status in ok:
             return None
-        raise _error(resp.status, _message(data, str(resp.reason)), conflict=conflict)
+        raise _error(resp.status, _message(data, str(resp.reason)), conflict=conflict, body=data)
 
     def _read(self, path: str, *, verb: str = "get", query: dict[str, str] | None = None,
               absent_ok: bool = True) -> dict[str, Any] | None:

@@ -30,3 +30,15 @@ class OperatorMetrics:
                                 registry=self.registry)
         self.status_writes = Counter("finetune_operator_status_writes_total", "FineTuneJob status writes",
                                      registry=self.registry)
+        # Whether this replica runs the backstop (deadlines, TTLs, retries, progress): an alert fires when no replica
+        # does. Standalone, always 1.
+        self.backstop_active = Gauge("finetune_operator_backstop_active",
+                                     "1 while this replica runs the backstop loop (the active peer), else 0",
+                                     registry=self.registry)
+        self.backstop_active.set(1)
+        self.peering_missing = Gauge("finetune_operator_peering_objects_missing",
+                                     "Watched namespaces (or the cluster) whose KopfPeering object is missing",
+                                     registry=self.registry)
+        # The backstop's heartbeat: the liveness probe fails when it stops (a loop stuck on a lock or a request).
+        self.backstop_tick = Gauge("finetune_operator_backstop_last_tick_timestamp_seconds",
+                                   "When the backstop loop last completed a tick (Unix time)", registry=self.registry)

@@ -9,6 +9,7 @@ and the fix, and becomes the ``InvalidSpec`` condition.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -49,18 +50,86 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClas
 MANAGED_TRAINING_ARGS: dict[str, str] = json.loads(
     resources.files("finetune_operator").joinpath("contract.schema.json").read_text(encoding="utf-8")
 )["properties"]["training"]["properties"]["extraArgs"]["x-managedBy"]
+# What each trainer stack's TrainingArguments accepts (hack/training_args.py generates it from the stacks' locks):
+# "default" for the default image, "ort" for the ONNX Runtime image.
+TRAINING_ARGS: dict[str, dict[str, Any]] = json.loads(
+    resources.files("finetune_operator").joinpath("training_args.json").read_text(encoding="utf-8"))
 RESERVED_MOUNTS = ("/etc/finetune", "/output", "/dev/shm", "/tmp")
 CACHE_MOUNT = "/cache"  # the shared Hugging Face cache (spec.cache), when set
 OPERATOR_VOLUMES = ("config", "output", "shm", "tmp", "hf-cache")
 
 
 class SpecError(ValueError):
-    """A spec the schema accepted but the operator cannot run; names the field and the fix."""
+    """A spec the schema accepted but the operator cannot run; names the field and the fix. One error, or every error
+    of a spec (:attr:`errors`, in the order the fields are read); ``field`` and ``message`` are the first's."""
 
-    def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"{field_path}: {message}")
+    def __init__(self, field_path: str, message: str, *, more: tuple[tuple[str, str], ...] = ()) -> None:
+        self.errors: tuple[tuple[str, str], ...] = ((field_path, message), *more)
+        super().__init__("; ".join(f"{f}: {m}" for f, m in self.errors))
         self.field = field_path
         self.message = message
+
+    def lines(self) -> list[str]:
+        """Each error as ``field: message``."""
+        return [f"{f}: {m}" for f, m in self.errors]
+
+
+class _Errors:
+    """Collects a spec's errors so a user sees all of them at once; conversions that fail record the field and
+    return a default, so the checks after them still run."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, str]] = []
+
+    def add(self, field_path: str, message: str) -> None:
+        self.found.append((field_path, message))
+
+    def take(self, e: SpecError) -> None:
+        self.found.extend(e.errors)
+
+    def number(self, d: dict[str, Any], key: str, field_path: str, default: Any, kind: type) -> Any:
+        """``d[key]`` as an int or a float (``kind``), ``default`` when absent; a value of another type is an error
+        (the API server's schema refuses it too; ``finetune run-local`` and ``finetune validate --offline`` see raw
+        manifests)."""
+        v = d.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and isinstance(v, float)
+                                                                      and not v.is_integer()):
+            what = "a whole number" if kind is int else "a number"
+            self.add(field_path, f"must be {what}, got {v!r}")
+            return default
+        return kind(v)
+
+    def flag(self, d: dict[str, Any], key: str, field_path: str, default: bool = False) -> bool:
+        v = d.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            self.add(field_path, f"must be true or false, got {v!r}")
+            return default
+        return v
+
+    def section(self, d: dict[str, Any], key: str, field_path: str) -> dict[str, Any]:
+        v = d.get(key)
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            self.add(field_path, f"must be an object, got {v!r}")
+            return {}
+        return v
+
+    def raise_any(self) -> None:
+        if self.found:
+            (first_field, first_message), *more = self.found
+            raise SpecError(first_field, first_message, more=tuple(more))
+
+
+def normal_path(path: str) -> bool:
+    """An absolute path already in its normal form: one leading '/', no empty, '.' or '..' segment, no trailing '/'.
+    The container runtime cleans a mount path before mounting it, so '//usr', '/data/../usr' or '/./opt' would land
+    on '/usr' and '/opt' while a prefix check on the raw string lets them through: such paths are refused instead."""
+    return path.startswith("/") and path != "/" and all(seg not in ("", ".", "..") for seg in path[1:].split("/"))
 
 
 @dataclass(frozen=True)
@@ -283,208 +352,322 @@ def _gpus(resources: dict[str, dict[str, Any]]) -> tuple[int, bool]:
 ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
 
 
-def _parse_output(out: dict[str, Any], nodes: int) -> Output:
+def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
     path = out.get("path")
     if path is not None and any(seg in ("", ".", "..") for seg in str(path).split("/")):
-        raise SpecError("spec.output.path", f"{path!r}: a directory inside the claim, without '.' or '..' segments "
-                        "(it may not leave the claim or reach another job's directory)")
+        errors.add("spec.output.path", f"{path!r}: a directory inside the claim, without '.' or '..' segments "
+                   "(it may not leave the claim or reach another job's directory)")
     claim, template = out.get("claimName"), out.get("volumeClaimTemplate")
     if (claim is None) == (template is None):
-        raise SpecError("spec.output", "set exactly one of spec.output.claimName (an existing claim) or "
-                        "spec.output.volumeClaimTemplate (the operator creates the claim)")
-    if template is not None:
+        errors.add("spec.output", "set exactly one of spec.output.claimName (an existing claim) or "
+                   "spec.output.volumeClaimTemplate (the operator creates the claim)")
+    if isinstance(template, dict):
         pvc = template.get("spec") or {}
         modes = list(pvc.get("accessModes") or ())
         if not modes or any(m not in ACCESS_MODES for m in modes):
-            raise SpecError("spec.output.volumeClaimTemplate.spec.accessModes",
-                            f"must list access modes from {', '.join(ACCESS_MODES)}, got {modes!r}")
-        if nodes > 1 and "ReadWriteMany" not in modes:
-            raise SpecError("spec.output.volumeClaimTemplate.spec.accessModes",
-                            f"must include ReadWriteMany: all {nodes} nodes write checkpoints into the claim "
-                            "(or run on 1 node)")
+            errors.add("spec.output.volumeClaimTemplate.spec.accessModes",
+                       f"must list access modes from {', '.join(ACCESS_MODES)}, got {modes!r}")
+        elif nodes > 1 and "ReadWriteMany" not in modes:
+            errors.add("spec.output.volumeClaimTemplate.spec.accessModes",
+                       f"must include ReadWriteMany: all {nodes} nodes write checkpoints into the claim "
+                       "(or run on 1 node)")
         storage = ((pvc.get("resources") or {}).get("requests") or {}).get("storage")
         if storage is None:
-            raise SpecError("spec.output.volumeClaimTemplate.spec.resources.requests.storage",
-                            "is required: the size of the claim, for example 100Gi")
-        _check_quantity("spec.output.volumeClaimTemplate.spec.resources.requests.storage", storage)
-    hub, s3 = out.get("pushToHub"), out.get("s3")
-    hub_secret = (hub or {}).get("secretRef")
-    return Output(claim_name=claim, path=out.get("path"), template=template,
+            errors.add("spec.output.volumeClaimTemplate.spec.resources.requests.storage",
+                       "is required: the size of the claim, for example 100Gi")
+        else:
+            try:
+                _check_quantity("spec.output.volumeClaimTemplate.spec.resources.requests.storage", storage)
+            except SpecError as e:
+                errors.take(e)
+    hub = errors.section(out, "pushToHub", "spec.output.pushToHub")
+    s3 = errors.section(out, "s3", "spec.output.s3")
+    hub_secret = hub.get("secretRef")
+    if hub and not hub.get("repo"):
+        errors.add("spec.output.pushToHub.repo", "is required: the Hub repository to push to, e.g. my-org/my-model")
+    if s3 and not s3.get("uri"):
+        errors.add("spec.output.s3.uri", "is required: where the model goes, e.g. s3://bucket/prefix")
+    return Output(claim_name=claim, path=out.get("path"), template=template if isinstance(template, dict) else None,
                   reclaim_policy=_get(out, "reclaimPolicy", "Delete"),
-                  push_to_hub=HubPush(repo=hub["repo"], private=bool(_get(hub, "private", True)),
+                  push_to_hub=HubPush(repo=str(hub.get("repo", "")), private=bool(_get(hub, "private", True)),
                                       endpoint=hub.get("endpoint"),
                                       secret=SecretKeyRef(hub_secret["name"], _get(hub_secret, "key", "token"))
                                       if hub_secret else None) if hub else None,
-                  s3=S3Export(uri=s3["uri"], endpoint=s3.get("endpoint"), region=s3.get("region"),
+                  s3=S3Export(uri=str(s3.get("uri", "")), endpoint=s3.get("endpoint"), region=s3.get("region"),
                               secret_name=(s3.get("secretRef") or {}).get("name")) if s3 else None)
 
 
+def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
+    num, f = errors.number, "spec.training"
+    ev = errors.section(t, "evaluation", f"{f}.evaluation")
+    lora_d = errors.section(t, "lora", f"{f}.lora") if t.get("lora") is not None else None
+    lora = None
+    if lora_d is not None:
+        r = num(lora_d, "r", f"{f}.lora.r", None, int)
+        if r is None and "r" not in lora_d:
+            errors.add(f"{f}.lora.r", "is required: the LoRA rank, for example 16")
+        modules = _get(lora_d, "targetModules", ())
+        if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
+            errors.add(f"{f}.lora.targetModules", f"must be a list of module names, got {modules!r}")
+            modules = ()
+        lora = Lora(r=r or 0, alpha=num(lora_d, "alpha", f"{f}.lora.alpha", None, int),
+                    dropout=num(lora_d, "dropout", f"{f}.lora.dropout", 0.05, float),
+                    target_modules=tuple(modules), quantization=lora_d.get("quantization"),
+                    merge=errors.flag(lora_d, "merge", f"{f}.lora.merge"))
+    extra = errors.section(t, "extraArgs", f"{f}.extraArgs")
+    training = Training(
+        epochs=num(t, "epochs", f"{f}.epochs", None, float), max_steps=num(t, "maxSteps", f"{f}.maxSteps", None, int),
+        per_device_batch_size=num(t, "perDeviceBatchSize", f"{f}.perDeviceBatchSize", 8, int),
+        gradient_accumulation_steps=num(t, "gradientAccumulationSteps", f"{f}.gradientAccumulationSteps", 1, int),
+        learning_rate=num(t, "learningRate", f"{f}.learningRate", 5e-5, float),
+        max_seq_length=num(t, "maxSeqLength", f"{f}.maxSeqLength", 512, int),
+        precision=_get(t, "precision", "auto"), seed=num(t, "seed", f"{f}.seed", 42, int),
+        checkpoint_every_steps=num(t, "checkpointEverySteps", f"{f}.checkpointEverySteps", 500, int),
+        keep_checkpoints=num(t, "keepCheckpoints", f"{f}.keepCheckpoints", 2, int),
+        evaluation=Evaluation(strategy=_get(ev, "strategy", "no"),
+                              every_steps=num(ev, "everySteps", f"{f}.evaluation.everySteps", None, int)),
+        extra_args=dict(extra), lora=lora,
+        packing=errors.flag(t, "packing", f"{f}.packing"), loss_on=_get(t, "lossOn", "completion"),
+        sharding=_get(t, "sharding", "none"),
+        activation_checkpointing=errors.flag(t, "activationCheckpointing", f"{f}.activationCheckpointing"),
+    )
+    if training.epochs is not None and training.max_steps is not None:
+        errors.add(f, "set spec.training.epochs or spec.training.maxSteps, not both")
+    if training.epochs is None and training.max_steps is None:
+        training = Training(**{**training.__dict__, "epochs": 1.0})
+    for key in training.extra_args:
+        if key in MANAGED_TRAINING_ARGS:
+            errors.add(f"{f}.extraArgs.{key}", f"is managed by the operator; set {MANAGED_TRAINING_ARGS[key]} instead")
+    return training
+
+
+def _parse_volumes(pt: dict[str, Any], cache: bool, errors: _Errors) -> tuple[ExtraVolume, ...]:
+    volumes = []
+    for i, v in enumerate(_get(pt, "volumes", ())):
+        field_path = f"spec.podTemplate.volumes[{i}]"
+        if not isinstance(v, dict):
+            errors.add(field_path, f"must be an object, got {v!r}")
+            continue
+        sources = {k: v[k] for k in ("persistentVolumeClaim", "configMap", "secret", "emptyDir") if k in v}
+        if len(sources) != 1:
+            errors.add(field_path, "needs exactly one of persistentVolumeClaim, configMap, secret or emptyDir "
+                       "(other volume types are not allowed)")
+        raw = str(v.get("mountPath", ""))
+        if not normal_path(raw):
+            errors.add(f"{field_path}.mountPath", f"{raw!r} must be an absolute path in normal form: one leading "
+                       "'/', no empty, '.' or '..' segments and no trailing '/' (for example /data)")
+        else:
+            for reserved in (*RESERVED_MOUNTS, *((CACHE_MOUNT,) if cache else ())):
+                if raw == reserved or raw.startswith(reserved + "/") or reserved.startswith(raw + "/"):
+                    errors.add(f"{field_path}.mountPath",
+                               f"{raw} overlaps {reserved}, which the operator mounts; pick another path")
+                    break
+        volumes.append(ExtraVolume(name=str(v.get("name", "")), mount_path=raw,
+                                   read_only=bool(v.get("readOnly", False)), source=sources))
+    names = [v.name for v in volumes]
+    if len(set(names)) != len(names) or set(OPERATOR_VOLUMES) & set(names):
+        errors.add("spec.podTemplate.volumes", "volume names must be unique and not one of "
+                   f"{', '.join(OPERATOR_VOLUMES)} (used by the operator)")
+    return tuple(volumes)
+
+
 def parse_spec(spec: dict[str, Any]) -> JobSpec:
-    """Parse a FineTuneJob ``spec`` (as the API server returns it, or a raw manifest's)."""
+    """Parse a FineTuneJob ``spec`` (as the API server returns it, or a raw manifest's). Raises one
+    :class:`SpecError` that holds every error found, each naming its field."""
     if not isinstance(spec, dict):
         raise SpecError("spec", "must be an object")
+    errors = _Errors()
     for required in ("model", "dataset", "output"):
         if not isinstance(spec.get(required), dict):
-            raise SpecError(f"spec.{required}", "is required")
-    m, d, t = spec["model"], spec["dataset"], _get(spec, "training", {})
+            errors.add(f"spec.{required}", "is required (an object)")
+    m, d = spec.get("model") or {}, spec.get("dataset") or {}
+    m, d = (m if isinstance(m, dict) else {}), (d if isinstance(d, dict) else {})
+    t = errors.section(spec, "training", "spec.training")
     model = Model(name=m.get("name"), path=m.get("path"), revision=m.get("revision"),
-                  init_from_config=bool(m.get("initFromConfig", False)),
-                  trust_remote_code=bool(m.get("trustRemoteCode", False)))
-    if (model.name is None) == (model.path is None):
-        raise SpecError("spec.model", "set exactly one of spec.model.name (Hub id) or spec.model.path")
+                  init_from_config=errors.flag(m, "initFromConfig", "spec.model.initFromConfig"),
+                  trust_remote_code=errors.flag(m, "trustRemoteCode", "spec.model.trustRemoteCode"))
+    if "model" in spec and isinstance(spec["model"], dict) and (model.name is None) == (model.path is None):
+        errors.add("spec.model", "set exactly one of spec.model.name (Hub id) or spec.model.path")
     dataset = Dataset(name=d.get("name"), config=d.get("config"), split=_get(d, "split", "train"),
                       eval_split=d.get("evalSplit"), path=d.get("path"), format=d.get("format"),
                       text_field=_get(d, "textField", "text"), text_pair_field=d.get("textPairField"),
                       label_field=_get(d, "labelField", "label"), messages_field=d.get("messagesField"),
                       prompt_field=d.get("promptField"), completion_field=d.get("completionField"))
-    if (dataset.name is None) == (dataset.path is None):
-        raise SpecError("spec.dataset", "set exactly one of spec.dataset.name (Hub id) or spec.dataset.path")
-    ev = _get(t, "evaluation", {})
-    lora_d = t.get("lora")
-    lora = None
-    if lora_d is not None:
-        lora = Lora(r=int(lora_d["r"]), alpha=lora_d.get("alpha"), dropout=float(_get(lora_d, "dropout", 0.05)),
-                    target_modules=tuple(_get(lora_d, "targetModules", ())), quantization=lora_d.get("quantization"),
-                    merge=bool(_get(lora_d, "merge", False)))
-    training = Training(
-        epochs=t.get("epochs"), max_steps=t.get("maxSteps"),
-        per_device_batch_size=int(_get(t, "perDeviceBatchSize", 8)),
-        gradient_accumulation_steps=int(_get(t, "gradientAccumulationSteps", 1)),
-        learning_rate=float(_get(t, "learningRate", 5e-5)),
-        max_seq_length=int(_get(t, "maxSeqLength", 512)),
-        precision=_get(t, "precision", "auto"), seed=int(_get(t, "seed", 42)),
-        checkpoint_every_steps=int(_get(t, "checkpointEverySteps", 500)),
-        keep_checkpoints=int(_get(t, "keepCheckpoints", 2)),
-        evaluation=Evaluation(strategy=_get(ev, "strategy", "no"), every_steps=ev.get("everySteps")),
-        extra_args=dict(_get(t, "extraArgs", {})), lora=lora,
-        packing=bool(_get(t, "packing", False)), loss_on=_get(t, "lossOn", "completion"),
-        sharding=_get(t, "sharding", "none"), activation_checkpointing=bool(_get(t, "activationCheckpointing", False)),
-    )
+    if "dataset" in spec and isinstance(spec["dataset"], dict) and (dataset.name is None) == (dataset.path is None):
+        errors.add("spec.dataset", "set exactly one of spec.dataset.name (Hub id) or spec.dataset.path")
+    training = _parse_training(t, errors)
     task = _get(spec, "task", "sequence-classification")
     for key, value in (("messagesField", dataset.messages_field), ("promptField", dataset.prompt_field)):
         if value and task != "causal-lm":
-            raise SpecError(f"spec.dataset.{key}",
-                            f"chat and prompt/completion data are for task causal-lm, not {task}")
+            errors.add(f"spec.dataset.{key}", f"chat and prompt/completion data are for task causal-lm, not {task}")
     if training.packing and task != "causal-lm":
-        raise SpecError("spec.training.packing", f"packing is for task causal-lm, not {task}")
-    if training.epochs is not None and training.max_steps is not None:
-        raise SpecError("spec.training", "set spec.training.epochs or spec.training.maxSteps, not both")
-    if training.epochs is None and training.max_steps is None:
-        training = Training(**{**training.__dict__, "epochs": 1.0})
-    for key in training.extra_args:
-        if key in MANAGED_TRAINING_ARGS:
-            raise SpecError(f"spec.training.extraArgs.{key}",
-                            f"is managed by the operator; set {MANAGED_TRAINING_ARGS[key]} instead")
+        errors.add("spec.training.packing", f"packing is for task causal-lm, not {task}")
     if training.evaluation.strategy != "no" and dataset.eval_split is None:
-        raise SpecError("spec.dataset.evalSplit", "is required when spec.training.evaluation.strategy is "
-                        f"{training.evaluation.strategy!r}")
+        errors.add("spec.dataset.evalSplit", "is required when spec.training.evaluation.strategy is "
+                   f"{training.evaluation.strategy!r}")
 
-    resources = {k: dict(v) for k, v in _get(spec, "resources", {}).items() if v}
+    resources: dict[str, dict[str, Any]] = {}
+    for section, values in errors.section(spec, "resources", "spec.resources").items():
+        if values and not isinstance(values, dict):
+            errors.add(f"spec.resources.{section}", f"must be a map of resource names to quantities, got {values!r}")
+        elif values:
+            resources[section] = dict(values)
     for section, values in resources.items():
         for name, value in values.items():
-            _check_quantity(f"spec.resources.{section}['{name}']", value)
+            try:
+                _check_quantity(f"spec.resources.{section}['{name}']", value)
+            except SpecError as e:
+                errors.take(e)
     shm = _get(spec, "shmSize", "1Gi")
-    _check_quantity("spec.shmSize", shm)
     memory = (resources.get("limits") or {}).get("memory")
-    if memory is not None and quantity_bytes(shm) >= quantity_bytes(memory):
-        # /dev/shm is a tmpfs: what the trainer writes there counts against the container's memory limit.
-        raise SpecError("spec.shmSize", f"{shm} is not below the memory limit {memory} "
-                        "(spec.resources.limits.memory), and /dev/shm counts against it; lower shmSize or raise "
-                        "the limit")
-    gpus, mig = _gpus(resources)
-    procs = spec.get("procsPerNode")
+    try:
+        _check_quantity("spec.shmSize", shm)
+        if memory is not None and QUANTITY_RE.match(str(memory)) and quantity_bytes(shm) >= quantity_bytes(memory):
+            # /dev/shm is a tmpfs: what the trainer writes there counts against the container's memory limit.
+            errors.add("spec.shmSize", f"{shm} is not below the memory limit {memory} "
+                       "(spec.resources.limits.memory), and /dev/shm counts against it; lower shmSize or raise "
+                       "the limit")
+    except SpecError as bad:
+        errors.take(bad)
+    except ValueError as bad:
+        errors.add("spec.shmSize", str(bad))
+    gpus, mig = 0, False
+    try:
+        gpus, mig = _gpus(resources)
+    except SpecError as bad:
+        errors.take(bad)
+    procs = errors.number(spec, "procsPerNode", "spec.procsPerNode", None, int)
     if procs is None:
         procs = gpus or 1
-    elif gpus and int(procs) != gpus:
-        raise SpecError("spec.procsPerNode", f"is {procs} but each node gets {gpus} GPUs; make them equal, "
-                        "or leave procsPerNode unset to derive it from the GPUs")
+    elif gpus and procs != gpus:
+        errors.add("spec.procsPerNode", f"is {procs} but each node gets {gpus} GPUs; make them equal, "
+                   "or leave procsPerNode unset to derive it from the GPUs")
 
-    env = tuple(dict(e) for e in _get(spec, "env", ()))
-    for i, e in enumerate(env):
-        name = str(e.get("name", ""))
+    env = tuple(dict(item) for item in _get(spec, "env", ()) if isinstance(item, dict))
+    for i, var in enumerate(env):
+        name = str(var.get("name", ""))
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
-            raise SpecError(f"spec.env[{i}].name", f"{name} is reserved by the rendezvous contract; remove it")
+            errors.add(f"spec.env[{i}].name", f"{name} is reserved by the rendezvous contract; remove it")
 
-    nodes = int(_get(spec, "nodes", 1))
-    output = _parse_output(spec["output"], nodes)
+    nodes = errors.number(spec, "nodes", "spec.nodes", 1, int)
+    output = _parse_output(spec["output"] if isinstance(spec.get("output"), dict) else {}, nodes, errors) \
+        if isinstance(spec.get("output"), dict) else Output()
     acceleration = _get(spec, "acceleration", "auto")
-    if lora is not None and lora.quantization:
-        if not gpus:
-            raise SpecError("spec.training.lora.quantization", "QLoRA (4-bit base through bitsandbytes) trains on "
-                            "GPUs only; request them in spec.resources.limits (nvidia.com/gpu) or remove the "
-                            "quantization to train plain LoRA")
-        if model.init_from_config:
-            raise SpecError("spec.training.lora.quantization", "QLoRA quantizes pretrained weights as they load; "
-                            "spec.model.initFromConfig has none. Point spec.model at saved weights")
-        if training.sharding == "fsdp":
-            raise SpecError("spec.training.sharding", "QLoRA and FSDP do not combine; drop one of them")
+    if lora := training.lora:
+        if lora.quantization and not gpus:
+            errors.add("spec.training.lora.quantization", "QLoRA (4-bit base through bitsandbytes) trains on "
+                       "GPUs only; request them in spec.resources.limits (nvidia.com/gpu) or remove the "
+                       "quantization to train plain LoRA")
+        if lora.quantization and model.init_from_config:
+            errors.add("spec.training.lora.quantization", "QLoRA quantizes pretrained weights as they load; "
+                       "spec.model.initFromConfig has none. Point spec.model at saved weights")
+        if lora.quantization and training.sharding == "fsdp":
+            errors.add("spec.training.sharding", "QLoRA and FSDP do not combine; drop one of them")
     for feature, field_path in (("QLoRA", "spec.training.lora.quantization"), ("FSDP", "spec.training.sharding")):
         used = (lora is not None and lora.quantization) if feature == "QLoRA" else training.sharding == "fsdp"
         if used and acceleration == "ort":
-            raise SpecError(field_path, f"{feature} is not available with acceleration ort (ORTTrainer); set "
-                            "spec.acceleration to auto, none or compile")
-    tok = spec.get("hfTokenSecretRef")
+            errors.add(field_path, f"{feature} is not available with acceleration ort (ORTTrainer); set "
+                       "spec.acceleration to auto, none or compile")
+    tok = errors.section(spec, "hfTokenSecretRef", "spec.hfTokenSecretRef")
     if output.push_to_hub and output.push_to_hub.secret is None and not tok:
-        raise SpecError("spec.output.pushToHub.secretRef", "pushing to the Hub needs a token with write access: "
-                        "name a Secret key holding one (or set spec.hfTokenSecretRef)")
+        errors.add("spec.output.pushToHub.secretRef", "pushing to the Hub needs a token with write access: "
+                   "name a Secret key holding one (or set spec.hfTokenSecretRef)")
     queue = spec.get("queueName")
     if queue is not None and not QUEUE_RE.match(str(queue)):
-        raise SpecError("spec.queueName", f"{queue!r} must name a LocalQueue: at most 63 lowercase letters, digits, "
-                        "'-' and '.', beginning and ending with a letter or digit (it becomes the pod label "
-                        "kueue.x-k8s.io/queue-name)")
+        errors.add("spec.queueName", f"{queue!r} must name a LocalQueue: at most 63 lowercase letters, digits, "
+                   "'-' and '.', beginning and ending with a letter or digit (it becomes the pod label "
+                   "kueue.x-k8s.io/queue-name)")
     cache_d = spec.get("cache")
-    if cache_d is not None and not cache_d.get("claimName"):
-        raise SpecError("spec.cache.claimName", "is required: a ReadWriteMany claim for the shared Hugging Face cache")
+    if cache_d is not None and not (isinstance(cache_d, dict) and cache_d.get("claimName")):
+        errors.add("spec.cache.claimName", "is required: a ReadWriteMany claim for the shared Hugging Face cache")
+        cache_d = None
     cache = Cache(claim_name=cache_d["claimName"]) if cache_d is not None else None
-    net = _get(spec, "network", {})
-    pt = _get(spec, "podTemplate", {})
-    volumes = []
-    for i, v in enumerate(_get(pt, "volumes", ())):
-        sources = {k: v[k] for k in ("persistentVolumeClaim", "configMap", "secret", "emptyDir") if k in v}
-        if len(sources) != 1:
-            raise SpecError(f"spec.podTemplate.volumes[{i}]", "needs exactly one of persistentVolumeClaim, "
-                            "configMap, secret or emptyDir (other volume types are not allowed)")
-        mp = str(v["mountPath"]).rstrip("/") or "/"
-        for reserved in (*RESERVED_MOUNTS, *((CACHE_MOUNT,) if cache else ())):
-            if mp == reserved or mp.startswith(reserved + "/") or reserved.startswith(mp + "/") or mp == "/":
-                raise SpecError(f"spec.podTemplate.volumes[{i}].mountPath",
-                                f"{v['mountPath']} overlaps {reserved}, which the operator mounts; pick another path")
-        volumes.append(ExtraVolume(name=v["name"], mount_path=v["mountPath"],
-                                   read_only=bool(v.get("readOnly", False)), source=sources))
-    names = [v.name for v in volumes]
-    if len(set(names)) != len(names) or set(OPERATOR_VOLUMES) & set(names):
-        raise SpecError("spec.podTemplate.volumes", "volume names must be unique and not one of "
-                        f"{', '.join(OPERATOR_VOLUMES)} (used by the operator)")
+    net = errors.section(spec, "network", "spec.network")
+    pt = errors.section(spec, "podTemplate", "spec.podTemplate")
     pod_template = PodTemplate(
         labels=dict(_get(pt, "labels", {})), annotations=dict(_get(pt, "annotations", {})),
         node_selector=dict(_get(pt, "nodeSelector", {})), tolerations=tuple(_get(pt, "tolerations", ())),
         affinity=pt.get("affinity"), priority_class_name=pt.get("priorityClassName"),
         scheduler_name=pt.get("schedulerName"), service_account_name=pt.get("serviceAccountName"),
-        image_pull_secrets=tuple(s["name"] for s in _get(pt, "imagePullSecrets", ())),
-        volumes=tuple(volumes),
+        image_pull_secrets=tuple(s["name"] for s in _get(pt, "imagePullSecrets", ()) if isinstance(s, dict)),
+        volumes=_parse_volumes(pt, cache is not None, errors),
     )
     for k in pod_template.labels:
         if k.startswith("finetune.dev/"):
-            raise SpecError(f"spec.podTemplate.labels['{k}']", "the finetune.dev/ prefix is reserved; rename it")
-
-    return JobSpec(
+            errors.add(f"spec.podTemplate.labels['{k}']", "the finetune.dev/ prefix is reserved; rename it")
+    job_spec = JobSpec(
         model=model, dataset=dataset, output=output,
-        task=_get(spec, "task", "sequence-classification"), training=training,
-        acceleration=acceleration, nodes=nodes, procs_per_node=int(procs),
+        task=task, training=training,
+        acceleration=acceleration, nodes=nodes, procs_per_node=procs,
         gpus_per_node=gpus, mig=mig, resources=resources, image=spec.get("image"),
         image_pull_policy=spec.get("imagePullPolicy"), env=env,
-        hf_token=SecretKeyRef(name=tok["name"], key=_get(tok, "key", "token")) if tok else None,
-        max_restarts=int(_get(spec, "maxRestarts", 3)),
-        active_deadline_seconds=spec.get("activeDeadlineSeconds"),
-        ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
-        suspend=bool(spec.get("suspend", False)),
-        termination_grace_period_seconds=int(_get(spec, "terminationGracePeriodSeconds", 120)),
-        rendezvous_timeout_seconds=int(_get(spec, "rendezvousTimeoutSeconds", 300)),
-        shm_size=str(_get(spec, "shmSize", "1Gi")), queue_name=queue,
+        hf_token=SecretKeyRef(name=tok["name"], key=_get(tok, "key", "token")) if tok.get("name") else None,
+        max_restarts=errors.number(spec, "maxRestarts", "spec.maxRestarts", 3, int),
+        active_deadline_seconds=errors.number(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", None, int),
+        ttl_seconds_after_finished=errors.number(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished",
+                                                 None, int),
+        suspend=errors.flag(spec, "suspend", "spec.suspend"),
+        termination_grace_period_seconds=errors.number(spec, "terminationGracePeriodSeconds",
+                                                       "spec.terminationGracePeriodSeconds", 120, int),
+        rendezvous_timeout_seconds=errors.number(spec, "rendezvousTimeoutSeconds", "spec.rendezvousTimeoutSeconds",
+                                                 300, int),
+        shm_size=str(shm), queue_name=queue,
         pod_template=pod_template, cache=cache,
-        network=Network(host_network=bool(net.get("hostNetwork", False)), rdma=bool(net.get("rdma", False))),
-        pod_disruption_budget=bool((_get(spec, "podDisruptionBudget", {})).get("enabled", False)),
+        network=Network(host_network=errors.flag(net, "hostNetwork", "spec.network.hostNetwork"),
+                        rdma=errors.flag(net, "rdma", "spec.network.rdma")),
+        pod_disruption_budget=errors.flag(errors.section(spec, "podDisruptionBudget", "spec.podDisruptionBudget"),
+                                          "enabled", "spec.podDisruptionBudget.enabled"),
     )
+    check_extra_args(job_spec, errors)
+    errors.raise_any()
+    return job_spec
+
+
+_JSON_TYPE = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+              type(None): "null"}
+_TYPE_WORDS = {"boolean": "true or false", "integer": "a whole number", "number": "a number", "string": "a string",
+               "array": "a list", "object": "an object"}
+
+
+def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
+    """``spec.training.extraArgs`` against the TrainingArguments of the image the job will run (the default image, or
+    the ONNX Runtime one for ``acceleration: ort``): each name must be a field, each value of the field's type (and
+    one of its values for an enum), integrations the image lacks are refused. A job with its own ``spec.image`` runs
+    a stack the operator cannot know, so its trainer checks the names at start-up instead."""
+    if spec.image:
+        return
+    stack = TRAINING_ARGS["ort" if spec.acceleration == "ort" else "default"]
+    image = f"the {'ONNX Runtime' if spec.acceleration == 'ort' else 'default'} trainer image (transformers " \
+            f"{stack['transformers']})"
+    for key, value in spec.training.extra_args.items():
+        field_path = f"spec.training.extraArgs.{key}"
+        if key in MANAGED_TRAINING_ARGS:
+            continue  # refused above, naming the typed field
+        known = stack["fields"].get(key)
+        if known is None:
+            close = difflib.get_close_matches(key, stack["fields"], n=3, cutoff=0.7)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            errors.add(field_path, f"is not a {stack['class']} field of {image}{hint}; fix or remove it")
+            continue
+        kind = _JSON_TYPE.get(type(value), "any")
+        allowed = known["type"]
+        if "any" not in allowed and kind not in allowed and not (kind == "integer" and "number" in allowed):
+            errors.add(field_path, f"must be {' or '.join(_TYPE_WORDS.get(t, t) for t in allowed if t != 'null')}"
+                       f"{' (or null)' if 'null' in allowed else ''}, got {value!r}")
+            continue
+        if known.get("enum") and isinstance(value, str) and value not in known["enum"]:
+            errors.add(field_path, f"{value!r} is not one of {', '.join(known['enum'])}")
+        if key == "deepspeed" and value is not None and not stack["deepspeed"]:
+            errors.add(field_path, f"DeepSpeed is not installed in {image}; shard with spec.training.sharding: fsdp "
+                       "instead, or build an image that adds DeepSpeed (spec.image)")
+        if key == "report_to":
+            asked = [value] if isinstance(value, str) else list(value or [])
+            missing = [r for r in asked if r not in ("none", "all") and r not in stack["reportTo"]]
+            if missing:
+                have = ", ".join(stack["reportTo"]) or "none"
+                errors.add(field_path, f"{', '.join(missing)}: {image} has no such integration installed (it has: "
+                           f"{have}); remove it (the trainer exports Prometheus metrics itself) or build an image "
+                           "that adds it (spec.image)")
 
 
 def check_output_path(namespace: str, name: str, spec: JobSpec) -> None:

@@ -14,7 +14,12 @@ OPERATOR_COUNTERS = {
     "finetune_operator_gang_restarts_total",  # finetune_namespace, reason
     "finetune_operator_status_writes_total",
 }
-OPERATOR_GAUGES = {"finetune_operator_jobs"}  # finetune_namespace, state
+OPERATOR_GAUGES = {
+    "finetune_operator_jobs",  # finetune_namespace, state
+    "finetune_operator_backstop_active",
+    "finetune_operator_peering_objects_missing",
+    "finetune_operator_backstop_last_tick_timestamp_seconds",
+}
 OPERATOR_HISTOGRAMS = {"finetune_operator_reconcile_duration_seconds"}
 
 # The trainer pods (port 9400); every series labelled finetune_namespace, finetune_job, node_rank.

@@ -25,6 +25,8 @@ ALERTS = [
     "FineTuneJobThroughputDropped",
     "FineTuneJobProgressStalled",
     "FineTuneJobPodsPending",
+    "FineTuneOperatorBackstopInactive",
+    "FineTuneOperatorPeeringMissing",
 ]
 # Grafana's variables, replaced by values promtool can parse.
 GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m", "$namespace": ".*", "$job": ".*"}

@@ -179,8 +179,10 @@ def test_restricted_pod_security_and_labels(helm: Helm, name: str, tmp_path: Pat
             assert sc["allowPrivilegeEscalation"] is False
             assert sc["readOnlyRootFilesystem"] is True
             assert sc["capabilities"]["drop"] == ["ALL"]
-            if name != "monitoring-ha":
-                assert "resources" not in c, "resources are unset by default"
+            if name != "monitoring-ha" and c["name"] == "operator":
+                # a memory limit by default: no tenant can grow the operator until its node runs out; no CPU limit
+                assert c["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                          "limits": {"memory": "512Mi"}}, "the operator's default resources"
     for d in docs:
         meta = d["metadata"]
         assert len(meta["name"]) <= 63, meta["name"]

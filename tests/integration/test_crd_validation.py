@@ -54,6 +54,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "spec.output.volumeClaimTemplate.spec.accessModes"),
     ("hostpath-volume", make_job("x").set("podTemplate", {"volumes": [
         {"name": "h", "mountPath": "/h", "hostPath": {"path": "/"}}]}).build(), "spec.podTemplate.volumes[0]"),
+    *[(f"mount-path-{label}", make_job("x").set("podTemplate", {"volumes": [
+        {"name": "v", "mountPath": path, "emptyDir": {}}]}).build(), "spec.podTemplate.volumes[0].mountPath")
+      for label, path in (("double-slash", "//usr"), ("dot-dot", "/data/../usr"), ("dot", "/./opt/venv"),
+                          ("trailing-slash", "/data/"), ("root", "/"))],
     ("eval-steps-without-every", make_job("x").set("training.evaluation", {"strategy": "steps"}).build(),
      "spec.training.evaluation"),
     ("unknown-field", make_job("x").set("gpus", 8).build(), "spec.gpus"),

@@ -138,3 +138,19 @@ def test_chat_data_is_refused_on_the_ort_image(ort_trainer: list[str], tmp_path:
     assert term is not None and term["message"].startswith("dataset.messagesField"), term
     assert "TRL" in term["message"] and "default trainer image" in term["message"], term
     assert "torch.distributed.run" not in node.log()
+
+
+def test_the_operator_knows_each_stacks_training_arguments(ort_trainer) -> None:  # type: ignore[no-untyped-def]
+    """``operator/finetune_operator/training_args.json`` is what both stacks' locks install (the operator refuses
+    ``extraArgs`` from it before any pod exists): regenerated from the default stack (this venv) and the ORT venv,
+    it is unchanged. `make generate` rewrites it after a lock bump."""
+    import json
+    import os
+
+    from hack import training_args
+
+    os.environ.setdefault("FINETUNE_ORT_VENV", str(ort_venv()))
+    fresh = training_args.generate()
+    held = json.loads(training_args.OUT.read_text(encoding="utf-8"))
+    for stack in ("default", "ort"):
+        assert held[stack] == fresh[stack], f"the {stack} stack's TrainingArguments changed: run `make generate`"

@@ -28,7 +28,7 @@ SPECS: dict[str, dict[str, Any]] = {
         "dataset": {"name": "org/d", "split": "train", "evalSplit": "test", "messagesField": "messages"},
         "training": {"maxSteps": 7, "lora": {"r": 8, "targetModules": ["all-linear"], "merge": True},
                      "packing": True, "lossOn": "all", "sharding": "fsdp", "activationCheckpointing": True,
-                     "evaluation": {"strategy": "steps", "everySteps": 3}, "extraArgs": {"warmup_ratio": 0.1}},
+                     "evaluation": {"strategy": "steps", "everySteps": 3}, "extraArgs": {"warmup_steps": 0.1}},
         "output": {"claimName": "o", "pushToHub": {"repo": "a/b", "secretRef": {"name": "s"}},
                    "s3": {"uri": "s3://bucket/p", "region": "eu-west-1"}},
     },

@@ -502,6 +502,26 @@ def test_peering_gate(peers, active) -> None:  # type: ignore[no-untyped-def]
     assert peering_active(status, own_priority=7, now=NOW) is active
 
 
+def _peering(*peers: tuple[int, int]) -> dict[str, Any]:
+    return {"status": {f"p{i}": {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
+                       for i, (p, age) in enumerate(peers)}}
+
+
+@pytest.mark.parametrize(("objects", "active", "missing"), [
+    ({"a": _peering((7, 0)), "b": _peering((7, 0), (3, 0))}, True, []),
+    ({"a": None, "b": _peering((7, 0))}, True, ["a"]),  # the first namespace's object deleted: the others decide
+    ({"a": _peering((7, 0)), "b": _peering((7, 0), (9, 0))}, False, []),  # a higher peer anywhere pauses, as kopf
+    ({"a": None, "b": None}, True, ["a", "b"]),  # nothing to coordinate through: kopf runs, and so does the backstop
+    ({None: _peering((7, 0), (9, 0))}, False, []),  # cluster-wide
+], ids=["all-agree", "one-missing", "higher-in-one", "all-missing", "cluster-standby"])
+def test_backstop_follows_kopf_over_every_namespace(objects, active, missing) -> None:  # type: ignore[no-untyped-def]
+    """Namespaced mode: the backstop runs exactly where kopf's handlers run. A missing peering object is reported,
+    and never turns the backstop off in every namespace."""
+    from finetune_operator.peering import backstop_active
+
+    assert backstop_active(objects, own_priority=7, now=NOW) == (active, missing)
+
+
 def test_peering_priorities_of_replicas_do_not_tie() -> None:
     """Replicas of a Deployment (names as the ReplicaSet controller draws them) get distinct priorities: a tie pauses
     every replica. 5,000 names in 10,000 values (the former crc32 range) would tie almost surely."""

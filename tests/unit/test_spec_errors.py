@@ -1,0 +1,107 @@
+"""What a tenant gets wrong in a FineTuneJob is refused before any pod exists, all at once, each error naming its
+field: wrong types, paths that would slip past the mount checks, and ``training.extraArgs`` that the trainer image's
+TrainingArguments would refuse only after scheduling and an image pull."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from finetune_operator import guardrails
+from finetune_operator.builders import JobRef
+from finetune_operator.settings import Settings
+from finetune_operator.spec import TRAINING_ARGS, SpecError, normal_path, parse_spec
+
+from tests.unit.factories import base_spec
+
+pytestmark = pytest.mark.unit
+
+
+def errors_of(spec: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(SpecError) as e:
+        parse_spec(spec)
+    return dict(e.value.errors)
+
+
+def test_every_error_is_reported_at_once() -> None:
+    """Three mistakes in one manifest: three errors in one answer, in the order of the fields."""
+    found = errors_of(base_spec(nodes="two", training={"learningRate": "fast", "extraArgs": {"warmup_ratios": 0.1}},
+                                env=[{"name": "MASTER_ADDR", "value": "x"}]))
+    assert list(found) == ["spec.training.learningRate", "spec.env[0].name", "spec.nodes",
+                           "spec.training.extraArgs.warmup_ratios"]
+    assert found["spec.training.learningRate"] == "must be a number, got 'fast'"
+    assert found["spec.nodes"] == "must be a whole number, got 'two'"
+
+
+@pytest.mark.parametrize(("spec", "field", "text"), [
+    (base_spec(training={"maxSteps": 2.5}), "spec.training.maxSteps", "a whole number"),
+    (base_spec(training={"packing": "yes"}), "spec.training.packing", "true or false"),
+    (base_spec(training={"lora": {"alpha": 8}}), "spec.training.lora.r", "is required"),
+    (base_spec(suspend="no"), "spec.suspend", "true or false"),
+    (base_spec(training="fast"), "spec.training", "must be an object"),
+    (base_spec(resources={"limits": {"memory": "lots"}}), "spec.resources.limits['memory']", "quantity"),
+], ids=["float-steps", "string-bool", "lora-without-rank", "string-suspend", "training-not-object", "quantity"])
+def test_wrong_types_name_the_field(spec, field, text) -> None:  # type: ignore[no-untyped-def]
+    assert text in errors_of(spec)[field]
+
+
+# Strings the container runtime cleans into a reserved or image path, which a prefix check on the raw string misses.
+BYPASSES = ["//usr", "/data/../usr", "/./opt/venv", "//etc/finetune", "/opt/./venv", "/data/", "/data//x", "/", "data"]
+
+
+@pytest.mark.parametrize("path", BYPASSES)
+def test_mount_paths_not_in_normal_form_are_refused(path: str) -> None:
+    assert not normal_path(path)
+    found = errors_of(base_spec(podTemplate={"volumes": [{"name": "v", "mountPath": path, "emptyDir": {}}]}))
+    assert "normal form" in found["spec.podTemplate.volumes[0].mountPath"]
+
+
+def test_normal_mounts_pass_and_the_image_pin_still_holds() -> None:
+    """A normal path outside the image's code passes; /usr under an image allowlist is still refused."""
+    settings = Settings(allowed_image_prefixes=("registry.corp/ml",), default_image="registry.corp/ml/t:1")
+    ok = parse_spec(base_spec(podTemplate={"volumes": [{"name": "v", "mountPath": "/data/in", "emptyDir": {}}]}))
+    assert guardrails.check(JobRef("ft", "ns", "u"), ok, settings) is None
+    usr = parse_spec(base_spec(podTemplate={"volumes": [{"name": "v", "mountPath": "/usr/lib", "emptyDir": {}}]}))
+    violation = guardrails.check(JobRef("ft", "ns", "u"), usr, settings)
+    assert violation is not None and violation.message.startswith("spec.podTemplate.volumes[0].mountPath")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"lr_scheduler_typ": "cosine"}, "did you mean lr_scheduler_type"),
+    ({"max_grad_norm": "big"}, "must be a number, got 'big'"),
+    ({"max_grad_norm": True}, "must be a number"),
+    ({"label_names": "labels"}, "must be a list (or null)"),
+    ({"deepspeed": "/etc/passwd"}, "DeepSpeed is not installed in the default trainer image"),
+    ({"report_to": ["wandb"]}, "wandb: the default trainer image"),
+    ({"report_to": "mlflow"}, "mlflow: the default trainer image"),
+], ids=["unknown-name", "wrong-type", "bool-for-number", "string-for-list", "deepspeed", "report-to-list",
+        "report-to-string"])
+def test_extra_args_are_checked_against_the_image(extra, message) -> None:  # type: ignore[no-untyped-def]
+    found = errors_of(base_spec(training={"extraArgs": extra}))
+    (key,) = extra
+    assert message in found[f"spec.training.extraArgs.{key}"]
+
+
+def test_extra_args_follow_the_stack_the_job_runs() -> None:
+    """Each image has its own transformers: a field one has and the other lacks is judged by the job's image; a job
+    with its own image is left to its trainer."""
+    only_ort = sorted(set(TRAINING_ARGS["ort"]["fields"]) - set(TRAINING_ARGS["default"]["fields"]))
+    assert only_ort, "the two stacks' TrainingArguments differ (transformers 4.x and 5.x)"
+    sample = {"boolean": True, "integer": 1, "number": 1.0, "string": "x", "array": [], "object": {}, "null": None}
+    kind = TRAINING_ARGS["ort"]["fields"][only_ort[0]]["type"][0]
+    extra = {"training": {"extraArgs": {only_ort[0]: sample.get(kind)}}}
+    assert f"spec.training.extraArgs.{only_ort[0]}" in errors_of(base_spec(**extra))
+    parse_spec(base_spec(acceleration="ort", **extra))
+    parse_spec(base_spec(image="registry.corp/ml/own:1", **extra))
+    good = {"training": {"extraArgs": {"max_grad_norm": 1, "weight_decay": 0.01, "label_names": ["labels"],
+                                       "report_to": "none", "lr_scheduler_type": "cosine"}}}
+    parse_spec(base_spec(**good))
+    parse_spec(base_spec(acceleration="ort", **good))
+
+
+def test_the_condition_message_holds_every_error() -> None:
+    """What becomes the InvalidSpec condition: every error, each with its field."""
+    with pytest.raises(SpecError) as e:
+        parse_spec(base_spec(nodes=0.5, training={"seed": "x"}))
+    assert str(e.value) == "spec.training.seed: must be a whole number, got 'x'; " \
+                           "spec.nodes: must be a whole number, got 0.5"
