@@ -100,6 +100,9 @@ def test_each_per_job_guardrail_fails_the_job_naming_the_limit(jobs: Jobs, opera
         st = jobs.wait_state(name, "Failed")
         assert st["failure"]["reason"] == reason and value in st["failure"]["message"], st["failure"]
         assert jobs.pods(name) == []
+        # the event is posted just after the status write that made the job Failed
+        wait_for(lambda n=name, r=reason: r in [e.reason for e in jobs.events(n)], timeout=10,  # type: ignore[misc]
+                 what=f"the {reason} event of {name}")
         assert [e.reason for e in jobs.events(name)].count(reason) == 1
     wait_for(lambda: len(jobs.pods("fits")) == 2, timeout=30, what="the job within every limit to get its pods")
 
