@@ -109,8 +109,10 @@ fi
 
 if [[ -z "${images_only:-}" ]] && ! exists "$PAUSE"; then
   echo "images: $PAUSE from the Kubernetes module's pause.c" >&2
-  bash "$root/hack/localcluster/build.sh" >/dev/null  # the module (and its pause.c) is in the Go module cache
-  mod="$(cd "$cache/k8s-$K8S_VERSION/src" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+  # Only the module's source (the Go module cache locks it, so a control-plane build may run beside this).
+  mod="$(cd / && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  [[ -f "$mod/build/pause/linux/pause.c" ]] || { echo "images: no pause.c in k8s.io/kubernetes@v$K8S_VERSION" >&2; exit 1; }
   tmp="$(mktemp -d)"
   gcc -Os -static -Wall -DVERSION="v$K8S_VERSION-finetune" -o "$tmp/pause" "$mod/build/pause/linux/pause.c"
   strip "$tmp/pause"

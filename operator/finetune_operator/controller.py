@@ -267,6 +267,10 @@ class Controller:
                   plan.status.state, len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
 
         new_pods = [o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"]
+        if new_pods:
+            # Never a gang from a stale read: the store may hold a job changed or deleted while a watch was down (or
+            # while this replica stood by). One read per gang created.
+            self._confirm_current(job)
         if self.store is not None and new_pods:
             # Before the creates: the watch may deliver a pod before the last create returns.
             self.store.expect(key, added=new_pods)
@@ -293,7 +297,11 @@ class Controller:
             if self.store is not None and (unsent := [n for n in new_pods if n not in sent]):
                 self.store.unexpect(key, added=unsent)  # never created: no event will come for them
         status = plan.status.to_wire()  # serialised once: the write, and the test for "nothing changed"
-        if status != job.wire_status:
+        destructive = bool(plan.delete or plan.delete_objects or plan.delete_job)
+        if status != job.wire_status or destructive:
+            # Carries the resourceVersion the pass read, so it is the precondition of every delete after it: a pass
+            # from a stale store (after a leader change, a watch gap) gets a Conflict here and deletes nothing. When
+            # nothing changed the server writes nothing, but still checks the version.
             written = self.kube.replace_status(job.wire, status)
             if self.store is not None and written:
                 self.store.put_job(written)  # its watch event is then an echo, not a reason for another pass
@@ -303,6 +311,9 @@ class Controller:
             if self.kube.delete_pod(namespace, d.name, uid=d.uid, grace_seconds=d.grace_seconds):
                 self.metrics.pods_deleted.inc()
                 deleted.append(d.uid)
+            elif self.store is not None:
+                # Gone, or another pod now holds the name: the store missed a deletion (a watch gap); list again.
+                self.store.untrust(key)
         if self.store is not None:
             self.store.expect(key, deleted=deleted)  # only deletions that were issued
         for kind, obj_name in plan.delete_objects:
@@ -325,6 +336,13 @@ class Controller:
         if plan.requeue_after is not None:
             self.requeue(key, plan.requeue_after)
         return plan
+
+    def _confirm_current(self, job: Job) -> None:
+        """Raise :class:`Conflict` unless the API server still holds the version of the job this pass decided from."""
+        current = self.kube.get_job(job.ref.namespace, job.ref.name)
+        meta = (current or {}).get("metadata") or {}
+        if meta.get("uid") != job.ref.uid or meta.get("resourceVersion") != job.wire["metadata"].get("resourceVersion"):
+            raise Conflict(409, "the job changed (or is gone) since this pass read it: no gang from a stale read")
 
     def _scrape(self, key: Key, job: Job, pods: list[PodState]) -> Progress | None:
         """The newest finished scrape of rank 0's metrics for a running job; the next one starts in the background

@@ -103,7 +103,7 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
                                                          namespace, name)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def job_event(type: str, body: kopf.Body, **_: Any) -> None:
+    async def job_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         ns, name = str(body.metadata.namespace), str(body.metadata.name)
         if type == "DELETED":
             controller.forget((ns, name))
@@ -113,13 +113,16 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
         await run_pass(ns, name)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
-    async def pod_event(type: str, body: kopf.Body, **_: Any) -> None:
+    async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         job = body.metadata.labels.get(LABEL_JOB)
         owners = [o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "FineTuneJob"]
         if not (job and owners):
             return
         key = (str(body.metadata.namespace), str(job))
         if store is not None:
+            if type is None and store.relisted():
+                # kopf's listing (at start, or after a 410): deletions in the watch's gap are never delivered.
+                log.info("the pod watch listed its pods (at start, or after a gap): each job's are listed again")
             if type == "DELETED":
                 store.delete_pod(key, dict(body))
             else:

@@ -48,6 +48,7 @@ class Store:
         self._events: dict[Key, int] = {}  # pod events applied per job (a list racing them is not trusted)
         self._expect: dict[Key, tuple[set[str], float]] = {}  # pending "add:<name>" / "del:<uid>", deadline
         self._clock = clock
+        self._relisted_at = float("-inf")
 
     # -- jobs ----------------------------------------------------------------------------------------
 
@@ -91,6 +92,26 @@ class Store:
         with self._lock:
             self._listed.clear()
             self._expect.clear()
+
+    def untrust(self, key: Key) -> None:
+        """Trust nothing about this job's pods until they are listed again: a delete found its pod gone or replaced,
+        so a deletion never reached the store."""
+        with self._lock:
+            self._listed.discard(key)
+            self._expect.pop(key, None)
+
+    def relisted(self, *, every: float = 5.0) -> bool:
+        """A watch listed its objects again (after an expired resourceVersion, a 410): it never reports what was
+        deleted in the gap, so pods are listed again for every job, once per burst of such events. True when this
+        call invalidated."""
+        with self._lock:
+            now = self._clock()
+            if now - self._relisted_at < every:
+                return False
+            self._relisted_at = now
+            self._listed.clear()
+            self._expect.clear()
+            return True
 
     # -- pods ----------------------------------------------------------------------------------------
 

@@ -121,3 +121,26 @@ def test_a_late_event_of_an_earlier_attempts_pod_does_not_come_back() -> None:
     store.put_pod(KEY, pod("ft-node-0", 95, uid="old"))
     store.delete_pod(KEY, pod("ft-node-0", 96, uid="old"))  # uid-guarded: the new pod stays
     assert [p.uid for p in store.pods(KEY) or []] == ["new"]
+
+
+def test_a_relist_burst_or_a_failed_delete_makes_the_jobs_pods_listed_again() -> None:
+    """kopf's listing after a 410 never reports deletions in the gap: the first listing event of a burst stops the
+    store trusting any job's pods (the rest of the burst does not, so lists are not repeated per event); a delete
+    that found its pod gone stops trusting that job's pods."""
+    clock = [100.0]
+    store = Store(clock=lambda: clock[0])
+    other = ("ns", "other")
+    for key in (KEY, other):
+        store.replace_pods(key, [pod(f"{key[1]}-node-0", 9)], version=9, events_seen=store.events_seen(key))
+    assert store.relisted() is True
+    assert store.pods(KEY) is None and store.pods(other) is None
+    store.replace_pods(KEY, [pod("ft-node-0", 9)], version=9, events_seen=store.events_seen(KEY))
+    clock[0] += 1
+    assert store.relisted() is False  # the same burst: the list just taken stays trusted
+    assert names(store.pods(KEY)) == ["ft-node-0"]
+    clock[0] += 10
+    assert store.relisted() is True  # a later relist
+    store.replace_pods(KEY, [pod("ft-node-0", 9)], version=9, events_seen=store.events_seen(KEY))
+    store.replace_pods(other, [pod("other-node-0", 9)], version=9, events_seen=store.events_seen(other))
+    store.untrust(KEY)
+    assert store.pods(KEY) is None and names(store.pods(other)) == ["other-node-0"]
