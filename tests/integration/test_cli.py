@@ -54,6 +54,27 @@ def test_validate_names_the_field_the_typed_spec_or_the_api_server_refuses(clust
     assert r.returncode == 2 and not Jobs(api_client, namespace).exists("typo")
 
 
+def test_validate_reports_every_error_of_a_manifest_at_once(cluster, namespace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A new user's manifest with several mistakes: one run of `finetune validate` names each of them with its field
+    (the typed spec's, then the API server's about a field the typed spec does not know), and `submit` refuses it."""
+    bad = (make_job("bad").set("training.learningRate", "fast").set("training.extraArgs", {
+        "warmup_ratios": 0.1, "max_grad_norm": "big", "deepspeed": "/etc/passwd", "report_to": ["wandb"]})
+        .set("podTemplate", {"volumes": [{"name": "v", "mountPath": "/data/../usr", "emptyDir": {}}]})
+        .set("training.maxStep", 10).build())
+    r = finetune(cluster, "validate", manifest(tmp_path, bad), "-n", namespace)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error ")]
+    fields = ["spec.training.learningRate", "spec.training.extraArgs.warmup_ratios",
+              "spec.training.extraArgs.max_grad_norm", "spec.training.extraArgs.deepspeed",
+              "spec.training.extraArgs.report_to", "spec.podTemplate.volumes[0].mountPath", "spec.training.maxStep"]
+    named = {line.split(": ")[1].lstrip("."): line for line in lines}  # "error FILE: FIELD: message"
+    assert sorted(named) == sorted(fields) and len(lines) == len(fields), r.stderr
+    assert "must be a number, got 'fast'" in named["spec.training.learningRate"]
+    assert "not a TrainingArguments field of the default" in named["spec.training.extraArgs.warmup_ratios"]
+    r = finetune(cluster, "validate", "--offline", manifest(tmp_path, bad), "-n", namespace)
+    assert r.returncode == 2 and r.stderr.count("error ") == len(fields) - 1, r.stderr  # the typo needs the server
+
+
 def jobctl_local_errors(obj: dict[str, Any]) -> list[str]:
     from finetune_operator.jobctl import local_errors
 
