@@ -52,16 +52,35 @@ def human_duration(seconds: float) -> str:
     return f"{s}s"
 
 
+# What the status can hold: integers exact in JSON (and in the CRD's int64), floats far beyond any real gauge. A value
+# outside (a tenant's page can say anything) is left out instead of failing every status write with a 422.
+MAX_INTEGER = 2**53 - 1
+MAX_FLOAT = 1e15
+
+
+def _ours(text: str) -> str:
+    """Only the lines of the gauges read here: a page padded with other series costs no parsing."""
+    keep = []
+    for line in text.splitlines():
+        name = line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line
+        if name.startswith("finetune_") and name.split("{", 1)[0].split(" ", 1)[0] in GAUGES:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
 def parse_metrics(text: str, *, nodes: int) -> Progress | None:
-    """The progress fields found in a trainer's /metrics page (missing or NaN values are left out); None before the
-    trainer's training loop has started."""
+    """The progress fields found in a trainer's /metrics page (missing, NaN or out-of-range values are left out); None
+    before the trainer's training loop has started."""
     out: dict[str, Any] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_ours(text)):
         field = GAUGES.get(family.name)
         if field is None or not family.samples:
             continue
         value = float(family.samples[0].value)
         if math.isnan(value) or math.isinf(value) or (field in SET_ONCE and value <= 0):
+            continue
+        if abs(value) > (MAX_INTEGER if field in INTEGER_FIELDS else MAX_FLOAT / max(1, nodes)) or (
+                field in INTEGER_FIELDS and value < 0):
             continue
         if field in PER_NODE_RATES:  # whole-job rates; from 10/s on to a tenth: a column reads 2702.2, not 2702.2199
             value *= nodes

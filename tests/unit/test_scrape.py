@@ -114,3 +114,29 @@ def test_a_page_over_the_cap_is_refused() -> None:
     for url in serve(http("200 OK", body)):
         with pytest.raises(ValueError, match="larger than"):
             fetch_metrics(url)
+
+
+def test_the_real_trainer_page_is_far_below_the_cap() -> None:
+    """The cap is not a guess: the trainer's whole exporter (every family, histograms observed) fits a quarter of it."""
+    from finetune_trainer.metrics import TrainerMetrics
+    from prometheus_client import generate_latest
+
+    m = TrainerMetrics(namespace="a-long-namespace-name-of-a-team", job="a-job-name-that-is-long-too", node_rank=511)
+    m.step_duration.observe(0.5)
+    size = len(generate_latest(m.registry))
+    assert size < MAX_METRICS_BYTES / 4, size
+
+
+def test_a_hostile_page_yields_only_values_the_status_can_hold() -> None:
+    """A tenant's rank 0 pads its page with other series and reports absurd values: only our gauges are parsed, and a
+    value the status cannot hold (an int64 overflow, a negative step) is left out, not written to fail every PUT."""
+    from finetune_operator.progress import parse_metrics
+
+    padding = "".join(f'other_series{{i="{i}"}} {i}\n' for i in range(2000))
+    page = padding + ("finetune_train_total_steps 100\nfinetune_train_step 1e19\nfinetune_train_loss 0.5\n"
+                      "finetune_checkpoint_last_step -3\nfinetune_train_samples_per_second 1e300\n"
+                      "finetune_train_eta_seconds 12\n")
+    progress = parse_metrics(page, nodes=2)
+    assert progress is not None
+    assert (progress.total_steps, progress.step, progress.loss, progress.last_checkpoint_step,
+            progress.samples_per_second, progress.eta_seconds) == (100, None, 0.5, None, None, 12)
