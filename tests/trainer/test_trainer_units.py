@@ -227,6 +227,22 @@ def test_retention_keeps_two_complete_checkpoints_until_the_run_ends(tmp_path: P
     assert [c.step for c in checkpoints.list_checkpoints(str(tmp_path))] == [3]
 
 
+def test_a_planted_symlink_is_never_a_checkpoint(tmp_path: Path) -> None:
+    """On a shared claim another job's code can plant ``checkpoint-999999 -> <someone else's directory>`` or a marker
+    that links elsewhere: neither is resumed from, unmarked or deleted."""
+    own, other = tmp_path / "run", tmp_path / "other-job"
+    own.mkdir()
+    make_ckpt(own, 5, True)
+    make_ckpt(other, 7, True)
+    (own / "checkpoint-999999").symlink_to(other / "checkpoint-7")
+    make_ckpt(own, 6, False)
+    (own / "checkpoint-6" / checkpoints.MARKER).symlink_to(other / "checkpoint-7" / checkpoints.MARKER)
+    assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(str(own))] == [(5, True), (6, False)]
+    assert checkpoints.latest_complete(str(own)).step == 5  # type: ignore[union-attr]
+    checkpoints.remove_incomplete(str(own))
+    assert (other / "checkpoint-7" / checkpoints.MARKER).exists()
+
+
 def test_every_rank_fsyncs_its_checkpoint_files_before_the_marker(tmp_path: Path, monkeypatch) -> None:
     """The libraries that write a checkpoint do not fsync; the marker must not reach the disk ahead of the files it
     vouches for. A crash cannot be staged here, so the fsyncs are observed (the real os.fsync still runs)."""

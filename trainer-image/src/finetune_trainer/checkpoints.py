@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 
@@ -40,9 +41,20 @@ def list_checkpoints(root: str) -> list[Checkpoint]:
     for name in os.listdir(root):
         match = _NAME.match(name)
         path = os.path.join(root, name)
-        if match and os.path.isdir(path):
-            found.append(Checkpoint(int(match.group(1)), path, os.path.isfile(os.path.join(path, MARKER))))
+        # A real directory holding a real marker, never a symlink: a link planted on a shared claim
+        # (checkpoint-999999 -> another job's directory) must not be resumed from, unmarked or deleted.
+        if match and _real_dir(path):
+            marker = os.path.join(path, MARKER)
+            complete = os.path.isfile(marker) and not os.path.islink(marker)
+            found.append(Checkpoint(int(match.group(1)), path, complete))
     return sorted(found)
+
+
+def _real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def latest_complete(root: str) -> Checkpoint | None:
