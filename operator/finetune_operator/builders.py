@@ -305,7 +305,9 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": mounts,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # The trainer writes its own message; never a log tail, which may hold printed tokens or data rows and would
+        # become readable in status.failure and Events by anyone with the view role.
+        "terminationMessagePolicy": "File",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

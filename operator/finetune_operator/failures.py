@@ -77,7 +77,7 @@ def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def termination_text(message: str | None) -> str:
-    """The trainer writes {"reason", "message"} JSON; with FallbackToLogsOnError it may be a log tail."""
+    """The trainer writes {"reason", "message"} JSON (policy File: never a log tail); plain text is kept as is."""
     if not message:
         return ""
     try:

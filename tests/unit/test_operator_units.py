@@ -137,7 +137,7 @@ def test_pod_is_restricted_and_uses_references_for_secrets() -> None:
     assert pod["spec"]["affinity"]["podAntiAffinity"]  # multi-node GPU job: one trainer per machine
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "ft-attempt-2-uid-1"
     assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
-    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert c["terminationMessagePolicy"] == "File"  # the trainer's own message, never a tail of its log
 
 
 def test_trainer_config_resolves_output_and_lora_alpha() -> None:
