@@ -108,20 +108,28 @@ def build_network_policy(ref: JobRef, spec: JobSpec, settings: Settings) -> dict
     """NetworkPolicy J: the gang's pods accept connections from each other on every port (rendezvous, NCCL/gloo),
     and on the metrics port from ``settings.metrics_from`` (NetworkPolicyPeers; empty: from anywhere, so the operator's
     progress scrape and any Prometheus keep working). Everything else is refused: the rendezvous store is
-    unauthenticated. None when switched off, or for hostNetwork pods, which no NetworkPolicy applies to."""
+    unauthenticated. Egress is open except to the instance metadata (unless ``spec.output.s3.allowInstanceMetadata``).
+    None when switched off, or for hostNetwork pods, which no NetworkPolicy applies to."""
     if not settings.network_policy or spec.network.host_network:
         return None
     metrics: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]}
     if settings.metrics_from:
         metrics["from"] = [dict(peer) for peer in settings.metrics_from]
+    policy: dict[str, Any] = {
+        "podSelector": {"matchLabels": selector_labels(ref.name)},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {"matchLabels": selector_labels(ref.name)}}]}, metrics],
+    }
+    if not instance_metadata_allowed(spec):
+        # Egress anywhere (every pod of the cluster, and any address by IP block: CNIs such as Cilium match pods only
+        # by selector), except the instance metadata, where the node's IAM role lives.
+        policy["policyTypes"] = ["Ingress", "Egress"]
+        policy["egress"] = [{"to": [{"namespaceSelector": {}},
+                                    *({"ipBlock": {"cidr": cidr, "except": [meta]}} for cidr, meta in METADATA_CIDRS)]}]
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _meta(ref, ref.name, common_labels(ref.name, "network-policy")),
-        "spec": {
-            "podSelector": {"matchLabels": selector_labels(ref.name)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": selector_labels(ref.name)}}]}, metrics],
-        },
+        "spec": policy,
     }
 
 
@@ -205,8 +213,18 @@ def _output_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
     return out
 
 
+METADATA_DISABLED_ENV = "AWS_EC2_METADATA_DISABLED"
+# The instance-metadata addresses (IPv4, and IPv6 on Nitro instances) the job's NetworkPolicy denies by default.
+METADATA_CIDRS = (("0.0.0.0/0", "169.254.169.254/32"), ("::/0", "fd00:ec2::254/128"))
+
+
+def instance_metadata_allowed(spec: JobSpec) -> bool:
+    return bool(spec.output.s3 and spec.output.s3.allow_instance_metadata)
+
+
 def export_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """Export credentials, by Secret reference only (the operator never reads them)."""
+    """Export credentials, by Secret reference only (the operator never reads them); rank 0's pod only, where the
+    launcher keeps them out of the training processes' environment (finetune_trainer.export.SECRET_ENV)."""
     env: list[dict[str, Any]] = []
     hub, s3 = spec.output.push_to_hub, spec.output.s3
     if hub and hub.secret:
@@ -271,11 +289,16 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     if spec.gpus_per_node > 0 and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in user_env_names:
         # A rank whose peer died raises instead of hanging in a collective until the NCCL watchdog fires.
         env.append({"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"})
+    if not instance_metadata_allowed(spec) and METADATA_DISABLED_ENV not in user_env_names:
+        # boto3 (the S3 export, and any code in the job) must not fall back to the node's IAM role, which every job
+        # on the node shares; the job's NetworkPolicy also denies egress to the metadata address.
+        env.append({"name": METADATA_DISABLED_ENV, "value": "true"})
     env.extend(spec.env)
     if spec.hf_token:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token.name, "key": spec.hf_token.key}}})
-    env.extend(export_env(spec))
+    if rank == 0:  # the export runs on rank 0 only, after its training processes exited; no other rank gets them
+        env.extend(export_env(spec))
 
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},

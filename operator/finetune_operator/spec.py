@@ -214,6 +214,7 @@ class S3Export:
     endpoint: str | None = None
     region: str | None = None
     secret_name: str | None = None  # holds AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; None: the pod's own role
+    allow_instance_metadata: bool = False  # the node's IAM role through 169.254.169.254 (shared by every job)
 
 
 @dataclass(frozen=True)
@@ -394,7 +395,10 @@ def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
                                       secret=SecretKeyRef(hub_secret["name"], _get(hub_secret, "key", "token"))
                                       if hub_secret else None) if hub else None,
                   s3=S3Export(uri=str(s3.get("uri", "")), endpoint=s3.get("endpoint"), region=s3.get("region"),
-                              secret_name=(s3.get("secretRef") or {}).get("name")) if s3 else None)
+                              secret_name=(s3.get("secretRef") or {}).get("name"),
+                              allow_instance_metadata=errors.flag(s3, "allowInstanceMetadata",
+                                                                  "spec.output.s3.allowInstanceMetadata"))
+                  if s3 else None)
 
 
 def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:

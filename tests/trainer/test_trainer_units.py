@@ -722,3 +722,71 @@ def test_the_trainer_command_answers_help_and_version_and_refuses_arguments(tmp_
     assert version.returncode == 0 and version.stdout.startswith("finetune-trainer "), version
     bad = subprocess.run([str(exe), "--config", "x.json"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "unrecognized arguments: --config x.json" in bad.stderr, bad
+
+
+def test_export_credentials_never_reach_the_training_processes(tmp_path: Path) -> None:
+    """Rank 0's launcher holds the export's write credentials; the training processes (whose code may come from a
+    model repository) run as the same user. They get an environment without the credentials, and the launcher makes
+    itself non-dumpable, so reading its /proc/<pid>/environ fails for them. Run as an unprivileged user (root reads any
+    /proc entry), in both roles."""
+    import os
+    import subprocess
+    import sys
+
+    from finetune_trainer.env import RunEnv
+    from finetune_trainer.launcher import worker_env
+
+    if os.geteuid() != 0:
+        pytest.fail("this test drops to an unprivileged user, so it runs as root (as CI does)")
+    secret = {"FINETUNE_HUB_TOKEN": "hf_write", "AWS_SECRET_ACCESS_KEY": "aws_secret", "HF_HOME": "/x"}
+    run = RunEnv(nnodes=1, nproc_per_node=1, node_rank=0, master_addr="a", master_port=1, attempt=0,
+                 job_name="j", namespace="n")
+    os.environ.update(secret)
+    try:
+        env = worker_env(run, 0.0, str(tmp_path / "err"))
+    finally:
+        for k in secret:
+            os.environ.pop(k)
+    assert "FINETUNE_HUB_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env and env["HF_HOME"] == "/x"
+
+    def nobody() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+
+    # The unprivileged user cannot enter root's venv: the system Python runs a copy of the (standard-library only)
+    # module.
+    import shutil
+    import tempfile
+
+    from finetune_trainer import credentials
+
+    shared = Path(tempfile.mkdtemp(prefix="credentials-"))  # pytest's tmp_path sits under a root-only directory
+    pkg = shared / "src" / "finetune_trainer"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    shutil.copy(credentials.__file__, pkg / "credentials.py")
+    for p in (shared, shared / "src", pkg, *pkg.iterdir()):
+        p.chmod(0o755)
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+    def environ_readable(hide: bool) -> bool:
+        holder = subprocess.Popen(
+            [python, "-c", f"import sys, time; sys.path.insert(0, {str(shared / 'src')!r}); "
+             "from finetune_trainer import credentials; "
+             f"print(credentials.hide_secrets() if {hide} else False, flush=True); time.sleep(30)"],
+            env={"PATH": "/usr/bin:/bin", **secret}, stdout=subprocess.PIPE, text=True, preexec_fn=nobody)
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == str(hide)
+            reader = subprocess.run([python, "-c", f"open('/proc/{holder.pid}/environ', 'rb').read()"],
+                                    capture_output=True, preexec_fn=nobody, env={"PATH": "/usr/bin:/bin"})
+            return reader.returncode == 0
+        finally:
+            holder.kill()
+            holder.wait()
+
+    try:
+        assert environ_readable(hide=False)  # the same user reads an ordinary process's environment
+        assert not environ_readable(hide=True)
+    finally:
+        shutil.rmtree(shared)

@@ -168,7 +168,21 @@ def test_exports_reach_the_trainer_config_and_credentials_only_by_reference() ->
                     "AWS_ACCESS_KEY_ID": {"name": "s3", "key": "AWS_ACCESS_KEY_ID"},
                     "AWS_SECRET_ACCESS_KEY": {"name": "s3", "key": "AWS_SECRET_ACCESS_KEY"},
                     "AWS_SESSION_TOKEN": {"name": "s3", "key": "AWS_SESSION_TOKEN", "optional": True}}
-    assert not any("value" in e and e["name"].startswith(("AWS_", "FINETUNE_HUB")) for e in env)
+    assert not any("value" in e and e["name"].startswith(("AWS_ACCESS", "AWS_SECRET", "FINETUNE_HUB")) for e in env)
+    # the export runs on rank 0: no other rank gets the write credentials; no rank reaches the node's IAM role
+    two = parse_spec({**base_spec(nodes=2), "output": spec_output(spec)})
+    rank1 = build_pod(REF, two, rank=1, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
+    assert not [e for e in rank1 if e["name"] in refs]
+    assert {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"} in env and \
+        {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"} in rank1
+    allowed = parse_spec(base_spec(output={"claimName": "o", "s3": {"uri": "s3://b/p", "allowInstanceMetadata": True}}))
+    env = build_pod(REF, allowed, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
+    assert "AWS_EC2_METADATA_DISABLED" not in {e["name"] for e in env}
+
+
+def spec_output(spec: Any) -> dict[str, Any]:
+    return {"claimName": "o", "pushToHub": {"repo": spec.output.push_to_hub.repo, "secretRef": {"name": "hub"}},
+            "s3": {"uri": spec.output.s3.uri, "secretRef": {"name": "s3"}}}
 
 
 # -- failures ---------------------------------------------------------------------------------------------
@@ -476,6 +490,15 @@ def test_network_policy_admits_the_gang_and_the_metrics_scrape_only() -> None:
     narrowed = build_network_policy(ref, spec, Settings(metrics_from=(prometheus,)))
     assert narrowed is not None and narrowed["spec"]["ingress"][1]["from"] == [prometheus]
     assert build_network_policy(ref, spec, Settings(network_policy=False)) is None
+    # egress anywhere but the instance metadata (the node's IAM role), pods matched by selector for CNIs that need it
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"] == [{"to": [
+        {"namespaceSelector": {}},
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}}]}]
+    opted = parse_spec(base_spec(output={"claimName": "o", "s3": {"uri": "s3://b/p", "allowInstanceMetadata": True}}))
+    open_egress = build_network_policy(ref, opted, Settings())
+    assert open_egress is not None and open_egress["spec"]["policyTypes"] == ["Ingress"]
     host = parse_spec(base_spec(nodes=2, network={"hostNetwork": True}))
     assert build_network_policy(ref, host, Settings()) is None  # no NetworkPolicy applies to hostNetwork pods
 

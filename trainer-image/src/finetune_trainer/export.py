@@ -5,10 +5,12 @@ Training is never lost to an export: ``result.json`` and the model are written t
 exits 74 (``ExportFailed``, not retried) with a message naming the destination and where the model still is, and
 ``result.json`` gains an ``export`` list saying what went where (or what failed).
 
-Credentials come only from the environment, which the operator fills from Secret references: the Hub token from
-``FINETUNE_HUB_TOKEN`` (``spec.output.pushToHub.secretRef``) or else ``HF_TOKEN``; S3 keys from the standard
-``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (/ ``AWS_SESSION_TOKEN``), or boto3's other sources (an IAM role
-for service accounts, instance metadata).
+Credentials come only from the environment of rank 0's pod, which the operator fills from Secret references: the Hub
+token from ``FINETUNE_HUB_TOKEN`` (``spec.output.pushToHub.secretRef``) or else ``HF_TOKEN``; S3 keys from the
+standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (/ ``AWS_SESSION_TOKEN``), or boto3's other sources (an
+IAM role for service accounts, EKS Pod Identity; instance metadata only where the job allows it). The launcher keeps
+them out of the training processes' environment, whose code may be a model repository's, and hides its own
+(finetune_trainer.credentials): only the export, after the training processes exited, uses them.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from finetune_trainer.config import Config, HubPush, S3Export
+from finetune_trainer.credentials import HUB_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
-HUB_TOKEN_ENV = "FINETUNE_HUB_TOKEN"
 ATTEMPTS = 3
 BACKOFF_SECONDS = 5.0
 

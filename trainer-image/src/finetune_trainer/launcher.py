@@ -162,7 +162,9 @@ def torchrun_command(config: Config) -> list[str]:
 
 
 def worker_env(run: RunEnv, launch_time: float, error_file: str, *, cache_path: str | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    from finetune_trainer.credentials import without_secrets
+
+    env = without_secrets(dict(os.environ))  # the export's credentials stay with the launcher
     env.pop("WORLD_SIZE", None)  # torchrun computes it for its workers
     if cache_path:
         hfcache.apply_cache_env(env, cache_path, offline=True)  # workers read only what the launcher fetched
@@ -278,6 +280,9 @@ def run() -> int:
     signal.signal(signal.SIGTERM, forwarder)
     signal.signal(signal.SIGINT, forwarder)
     launch_time = time.time()
+    from finetune_trainer.credentials import hide_secrets
+
+    hide_secrets()  # before any code of the job's model or data runs in a child process
     original_env = dict(os.environ)
     # Accelerate treats WORLD_SIZE > 1 as "this process is distributed": the launcher is not.
     os.environ.pop("WORLD_SIZE", None)
