@@ -107,6 +107,15 @@ def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
         allowed = ", ".join(settings.allowed_priority_classes)
         return Violation("InvalidSpec", f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']: {kueue_pc} is not "
                          f"allowed; allowed: {allowed} (Helm value guardrails.allowedPriorityClasses)")
+    if settings.require_queue_name and not spec.queue_name:
+        return Violation("InvalidSpec", "spec.queueName: the platform admits jobs only through Kueue (Helm value "
+                         "guardrails.requireQueueName); name a LocalQueue of the namespace (kubectl get localqueues)")
+    sa = spec.pod_template.service_account_name
+    if settings.allowed_service_accounts and sa is not None and sa not in settings.allowed_service_accounts:
+        allowed = ", ".join(settings.allowed_service_accounts)
+        return Violation("InvalidSpec", f"spec.podTemplate.serviceAccountName: {sa} is not allowed; allowed: {allowed} "
+                         "(Helm value guardrails.allowedServiceAccounts); a ServiceAccount's token and cloud role "
+                         "would reach the job's code")
     if spec.model.trust_remote_code and not settings.allow_trust_remote_code:
         return Violation("InvalidSpec", "spec.model.trustRemoteCode: the platform does not run code from model "
                          "repositories (Helm value guardrails.allowTrustRemoteCode is false); use a model whose "

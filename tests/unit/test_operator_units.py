@@ -635,9 +635,12 @@ PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="
     ({"output": {"claimName": "o", "path": "ns"}}, Settings(), "InvalidSpec", ["spec.output.path", "'ns'"]),
     ({"output": {"claimName": "o", "path": "runs/../ns/other"}}, Settings(), "InvalidSpec",
      ["spec.output.path", ".."]),
+    ({}, Settings(require_queue_name=True), "InvalidSpec", ["spec.queueName", "guardrails.requireQueueName"]),
+    ({"podTemplate": {"serviceAccountName": "admin"}}, Settings(allowed_service_accounts=("trainer",)),
+     "InvalidSpec", ["spec.podTemplate.serviceAccountName", "admin", "trainer", "guardrails.allowedServiceAccounts"]),
 ], ids=["image", "priority-class", "ort-image", "nodes", "gpus", "gpu-visibility-env", "code-loading-env",
         "mount-over-image", "image-prefix-boundary", "trust-remote-code", "kueue-priority", "kueue-labels",
-        "other-jobs-output", "namespace-dir-output", "dot-dot-output"])
+        "other-jobs-output", "namespace-dir-output", "dot-dot-output", "queue-required", "service-account"])
 def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
     plan = decided(job(**spec_over), [], settings=settings)
     assert plan.status.state == "Failed" and plan.create == []
@@ -681,6 +684,9 @@ def test_guardrails_allow_what_is_allowed() -> None:
         ({"image": "ghcr.io/org/trainer-cpu:1"}, Settings(allowed_image_prefixes=("ghcr.io/org/trainer-",))),
         ({"podTemplate": {"volumes": [{"name": "ca", "mountPath": "/etc/ssl/certs", "emptyDir": {}}]}}, PINNED),
         ({"podTemplate": {"labels": {"debug": "x"}}}, PINNED),
+        ({"queueName": "team-a"}, Settings(require_queue_name=True)),
+        ({"podTemplate": {"serviceAccountName": "trainer"}}, Settings(allowed_service_accounts=("trainer",))),
+        ({}, Settings(allowed_service_accounts=("trainer",))),  # no ServiceAccount named: no token at all
     ]
     for over, settings in allowed:
         assert decided(job(**over), [], settings=settings).status.state == "Created", over
