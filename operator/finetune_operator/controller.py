@@ -297,15 +297,17 @@ class Controller:
             if self.store is not None and (unsent := [n for n in new_pods if n not in sent]):
                 self.store.unexpect(key, added=unsent)  # never created: no event will come for them
         status = plan.status.to_wire()  # serialised once: the write, and the test for "nothing changed"
-        destructive = bool(plan.delete or plan.delete_objects or plan.delete_job)
-        if status != job.wire_status or destructive:
+        if status != job.wire_status:
             # Carries the resourceVersion the pass read, so it is the precondition of every delete after it: a pass
-            # from a stale store (after a leader change, a watch gap) gets a Conflict here and deletes nothing. When
-            # nothing changed the server writes nothing, but still checks the version.
+            # from a stale store (after a leader change, a watch gap) gets a Conflict here and deletes nothing.
             written = self.kube.replace_status(job.wire, status)
             if self.store is not None and written:
                 self.store.put_job(written)  # its watch event is then an echo, not a reason for another pass
             self.metrics.status_writes.inc()
+        elif plan.delete or plan.delete_objects or plan.delete_job:
+            # Nothing to write, so a read is the precondition (a write that changes nothing would be a write that
+            # makes no progress: an operator that dies after each write would never get past it).
+            self._confirm_current(job)
         deleted = []
         for d in plan.delete:
             if self.kube.delete_pod(namespace, d.name, uid=d.uid, grace_seconds=d.grace_seconds):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import random
 import ssl
 import threading
@@ -47,6 +48,10 @@ class FaultProxy:
         self.requests: Counter[str] = Counter()  # by verb (get, list, watch, create, update, delete, patch)
         self.enabled = threading.Event()
         self.enabled.set()
+        # A watch gap (hold_watches, then expire_watches): the watches are cut and held, and come back with 410 Gone,
+        # so the client must list again, and what was deleted meanwhile is never delivered as an event.
+        self._held = False
+        self._released: asyncio.Event | None = None
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -121,6 +126,9 @@ class FaultProxy:
         verb = self._verb(request)
         with self._lock:
             self.requests[verb] += 1
+            held = self._held
+        if verb == "watch" and (held or (self._released is not None and not self._released.is_set())):
+            return await self._expired(request)
         fault = self._draw()
         if fault is not None:
             with self._lock:
@@ -161,17 +169,53 @@ class FaultProxy:
                         else None
             while True:
                 timeout = None if cut_at is None else max(0.0, cut_at - self._loop.time())
+                if verb == "watch":  # a hold cuts the stream within a fraction of a second
+                    timeout = 0.2 if timeout is None else min(timeout, 0.2)
                 try:
                     chunk = await asyncio.wait_for(up.content.readany(), timeout)
                 except TimeoutError:  # the watch is cut short, as an API server restart or a load balancer would
+                    if verb == "watch" and not self._held and (cut_at is None or self._loop.time() < cut_at):
+                        continue  # only the hold's poll
                     with self._lock:
                         self.injected["watch-cut"] += 1
                     break
                 if not chunk:
                     break
+                if verb == "watch" and self._held:
+                    with self._lock:
+                        self.injected["watch-cut"] += 1
+                    break  # what arrived in the gap is never delivered
                 await resp.write(chunk)
             await resp.write_eof()
             return resp
+
+    def hold_watches(self) -> None:
+        """Cut every watch stream and hold the client's next watch requests unanswered (a partitioned API server)."""
+        with self._lock:
+            self._held = True
+            self._released = asyncio.Event()
+
+    def expire_watches(self) -> None:
+        """End the gap: every held watch request gets ``410 Gone`` (its resourceVersion is too old), as after an etcd
+        compaction, so the client lists again; the events of the gap are never delivered."""
+        with self._lock:
+            self._held = False
+            released = self._released
+        if released is not None:
+            self._loop.call_soon_threadsafe(released.set)
+
+    async def _expired(self, request: web.Request) -> web.StreamResponse:
+        released = self._released
+        if released is not None:
+            await released.wait()
+        with self._lock:
+            self.injected["watch-410"] += 1
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        event = {"type": "ERROR", "object": _status_body(410, "Expired", "injected: too old resource version")}
+        await resp.write((json.dumps(event) + "\n").encode())
+        await resp.write_eof()
+        return resp
 
     def figures(self) -> dict[str, Any]:
         with self._lock:

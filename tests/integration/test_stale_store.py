@@ -48,7 +48,7 @@ def _delivered(c: Controller, jobs: Jobs, api_client, name: str) -> None:  # typ
 
 def test_a_stale_suspended_job_deletes_no_running_gang(controller, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
     """The store still holds the job as Suspended (suspend: true) while on the server it was resumed and runs: the
-    pass would stop the gang with no change of status. Its status write carries the stale version, gets a conflict,
+    pass would stop the gang with no change of status. The read before its deletes finds a newer version: a conflict,
     and no pod is deleted; the next pass reads the job and leaves the gang running."""
     jobs, key = Jobs(api_client, namespace), (namespace, "nap")
     jobs.create(make_job("nap").set("suspend", True).build())
