@@ -749,9 +749,7 @@ def test_export_credentials_never_reach_the_training_processes(tmp_path: Path) -
             os.environ.pop(k)
     assert "FINETUNE_HUB_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env and env["HF_HOME"] == "/x"
 
-    def nobody() -> None:
-        os.setgid(65534)
-        os.setuid(65534)
+    nobody: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []}
 
     # The unprivileged user cannot enter root's venv: the system Python runs a copy of the (standard-library only)
     # module.
@@ -774,12 +772,12 @@ def test_export_credentials_never_reach_the_training_processes(tmp_path: Path) -
             [python, "-c", f"import sys, time; sys.path.insert(0, {str(shared / 'src')!r}); "
              "from finetune_trainer import credentials; "
              f"print(credentials.hide_secrets() if {hide} else False, flush=True); time.sleep(30)"],
-            env={"PATH": "/usr/bin:/bin", **secret}, stdout=subprocess.PIPE, text=True, preexec_fn=nobody)
+            env={"PATH": "/usr/bin:/bin", **secret}, stdout=subprocess.PIPE, text=True, **nobody)
         try:
             assert holder.stdout is not None
             assert holder.stdout.readline().strip() == str(hide)
             reader = subprocess.run([python, "-c", f"open('/proc/{holder.pid}/environ', 'rb').read()"],
-                                    capture_output=True, preexec_fn=nobody, env={"PATH": "/usr/bin:/bin"})
+                                    capture_output=True, env={"PATH": "/usr/bin:/bin"}, **nobody)
             return reader.returncode == 0
         finally:
             holder.kill()
