@@ -60,6 +60,7 @@ class Controller:
         self._due: dict[Key, float] = {}
         self._dirty: set[Key] = set()  # jobs with a watch event that no pass has looked at yet
         self._queued: set[Key] = set()  # jobs with a pass waiting in the backstop's pool
+        self._listed_once = False  # the backstop has listed every job into the store
         self._pool = ThreadPoolExecutor(max_workers=BACKSTOP_WORKERS, thread_name_prefix="backstop")
         self.last_tick = time.monotonic()  # the backstop loop's heartbeat (healthy())
         self._states: dict[Key, str] = {}
@@ -201,9 +202,14 @@ class Controller:
             pvc = self.kube.get_claim(job.ref.namespace, claim)
             if pvc is not None:
                 claims[claim] = pvc
-        # From the API server, not the store: after a start the store may not hold every job of the namespace yet,
-        # and admission under namespace limits is rare.
-        held = admission.usage_of(self.kube.list_jobs(job.ref.namespace), exclude_uid=job.ref.uid) if usage else None
+        held = None
+        if usage:
+            # From the store once the backstop has listed every job (its first tick); before that, from the API server:
+            # right after a start the store may not hold every job of the namespace yet. Never a LIST per pass of
+            # every waiting job (a thousand pending jobs would be a thousand LISTs per resync).
+            jobs = self.store.jobs(job.ref.namespace) if self.store is not None and self._listed_once \
+                else self.kube.list_jobs(job.ref.namespace)
+            held = admission.usage_of(jobs, exclude_uid=job.ref.uid)
         return Observed(claims=claims, usage=held)
 
     def _pods(self, key: Key) -> list[PodState]:
@@ -393,6 +399,8 @@ class Controller:
                     if self._passed.get(key, float("-inf")) > listed_at:
                         continue  # an event-driven pass ran after the list: the listed body is stale
                 self.submit(key, job)
+        if listing:
+            self._listed_once = True  # the store now holds every job: admission reads namespace usage from it
 
     def submit(self, key: Key, job: dict[str, Any] | None = None) -> None:
         """A pass for ``key`` on the backstop's pool. A job already waiting there is only marked dirty: the waiting

@@ -85,6 +85,9 @@ def _error(code: int, message: str, *, conflict: tuple[int, ...] = (), body: byt
     return ApiError(code, message)
 
 
+LIST_PAGE = 500  # FineTuneJobs per page of a list
+
+
 def _q(name: str) -> str:
     return quote(name, safe="")
 
@@ -197,9 +200,24 @@ class Kube:
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._read(_jobs(namespace, name))
 
-    def list_jobs(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        body = self._read(_jobs(namespace), verb="list", absent_ok=False)
-        return list((body or {}).get("items", []))
+    def list_jobs(self, namespace: str | None = None, *, page: int = LIST_PAGE) -> list[dict[str, Any]]:
+        """Every FineTuneJob (of ``namespace``), read in pages of ``page``: one answer never holds thousands of large
+        jobs at once, on the API server or here. A continue token that expired (410) starts the list again."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = {"limit": str(page), **({"continue": token} if token else {})}
+            try:
+                body = self._read(_jobs(namespace), verb="list", query=query, absent_ok=False) or {}
+            except ApiError as e:
+                if e.code != 410 or not token:
+                    raise
+                items, token = [], ""  # the snapshot the token pointed at was compacted: list from the start
+                continue
+            items.extend(body.get("items", []))
+            token = str((body.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
 
     def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """kopf's peering object: KopfPeering in a namespace, or the ClusterKopfPeering."""

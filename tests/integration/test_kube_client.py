@@ -32,3 +32,17 @@ def test_unread_answers_do_not_churn_connections(cluster, namespace, caplog) -> 
     assert retries == [], retries
     assert _connections(kube.api) == 1
     assert kube.requests["create"] == 30
+
+
+def test_jobs_are_listed_in_pages(cluster, namespace) -> None:  # type: ignore[no-untyped-def]
+    """A list of FineTuneJobs follows the continue tokens to the end: pages of 2 over 5 jobs give all 5, once each."""
+    from tests.integration.harness import Jobs, make_job
+
+    api = config.new_client_from_config(config_file=cluster.kubeconfig)
+    kube = Kube(api)
+    for i in range(5):
+        Jobs(api, namespace).create(make_job(f"p{i}").build())
+    before = kube.requests["list"]
+    names = sorted(j["metadata"]["name"] for j in kube.list_jobs(namespace, page=2))
+    assert names == [f"p{i}" for i in range(5)]
+    assert kube.requests["list"] - before == 3
