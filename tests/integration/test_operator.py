@@ -287,6 +287,23 @@ def test_semantic_errors_become_invalid_spec(jobs, operator, spec_patch, field) 
     assert status["observedGeneration"] == 1
 
 
+def test_a_hostile_spec_fails_before_any_pod_with_every_error(jobs, operator) -> None:  # type: ignore[no-untyped-def]
+    """What the API server's schema lets through (extraArgs are free-form) but the job's image would refuse only after
+    scheduling and an image pull: an unknown name, a wrong type, an integration the image lacks. The operator fails
+    the job before any pod, and its condition names every field at once."""
+    manifest = make_job("hostile").build()
+    manifest["spec"]["training"] = {"maxSteps": 10, "extraArgs": {
+        "warmup_ratios": 0.1, "max_grad_norm": "big", "deepspeed": "/etc/passwd", "report_to": ["wandb"]}}
+    jobs.create(manifest)
+    jobs.wait_state("hostile", "Failed")
+    cond = jobs.condition("hostile", "InvalidSpec")
+    assert cond["status"] == "True"
+    for key in ("warmup_ratios", "max_grad_norm", "deepspeed", "report_to"):
+        assert f"spec.training.extraArgs.{key}:" in cond["message"], cond["message"]
+    assert jobs.pods("hostile") == []
+    print(cond["message"])
+
+
 def test_operator_restart_mid_reconcile_creates_no_duplicates(cluster, jobs, namespace, kubelet) -> None:  # type: ignore[no-untyped-def]
     first = OperatorProcess(cluster.kubeconfig, namespace).start()
     try:

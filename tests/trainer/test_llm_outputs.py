@@ -8,6 +8,7 @@ Hugging Face Hub cannot be reached from the test machines, so ``tests/fakehub.py
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -204,7 +205,10 @@ def test_model_is_pushed_to_the_hub_and_copied_to_s3(tmp_path: Path, s3_endpoint
 
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, **AWS)
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="models", Prefix="runs/tiny/")["Contents"])
-    assert keys == sorted(f"runs/tiny/{name}" for name in model)
+    assert keys == sorted([f"runs/tiny/{name}" for name in model] + ["runs/tiny/finetune-export.json"])
+    manifest = json.loads(s3.get_object(Bucket="models", Key="runs/tiny/finetune-export.json")["Body"].read())
+    assert manifest["complete"] is True and manifest["bytes"] == sum(len(d) for d in model.values())
+    assert sorted(o["key"] for o in manifest["objects"]) == sorted(f"runs/tiny/{name}" for name in model)
     for name, data in model.items():
         assert s3.get_object(Bucket="models", Key=f"runs/tiny/{name}")["Body"].read() == data
 

@@ -788,3 +788,35 @@ def test_export_credentials_never_reach_the_training_processes(tmp_path: Path) -
         assert not environ_readable(hide=True)
     finally:
         shutil.rmtree(shared)
+
+
+def test_export_retries_span_minutes_with_jitter() -> None:
+    """Six tries; the waits double from 5 s up to 60 s, each drawn uniformly below its bound (full jitter), so an
+    outage of a few minutes is ridden out and jobs that end together do not retry in step; a permanent error (denied,
+    no such bucket) is not retried."""
+    from finetune_trainer import export
+
+    bounds = [export.backoff(a, draw=lambda: 1.0) for a in range(1, export.ATTEMPTS)]
+    assert bounds == [5.0, 10.0, 20.0, 40.0, 60.0] and sum(bounds) >= 120
+    assert export.backoff(3, draw=lambda: 0.25) == 5.0
+    slept: list[float] = []
+    calls = []
+
+    def flaky() -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) < 4:
+            raise ConnectionError("reset")
+        return {"ok": True}
+
+    assert export._retrying("copy", flaky, sleep=slept.append) == {"ok": True}
+    assert len(calls) == 4 and len(slept) == 3
+
+    class Denied(Exception):
+        response = {"Error": {"Code": "AccessDenied"}}
+
+    def denied() -> dict[str, Any]:
+        raise Denied("no")
+
+    with pytest.raises(export.ExportError, match="copy: Denied"):
+        export._retrying("copy", denied, sleep=slept.append)
+    assert len(slept) == 3  # no wait: not retried

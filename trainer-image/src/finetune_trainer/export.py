@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,8 +28,13 @@ from finetune_trainer.credentials import HUB_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = 3
+# A short outage of the Hub or the bucket must not fail a run that may have taken days: six tries over about three
+# minutes, each wait doubling from 5 s (at most 60 s) with full jitter, so many jobs ending together do not retry in step.
+ATTEMPTS = 6
 BACKOFF_SECONDS = 5.0
+BACKOFF_MAX_SECONDS = 60.0
+# Written last into the S3 prefix (and removed first): a reader knows the copy is complete only when it is there.
+MANIFEST = "finetune-export.json"
 
 
 class ExportError(Exception):
@@ -51,6 +57,11 @@ def _permanent(exc: BaseException) -> bool:
     return exc.__class__.__name__ in {"NoCredentialsError", "PartialCredentialsError", "ParamValidationError"}
 
 
+def backoff(attempt: int, *, draw: Callable[[], float] = random.random) -> float:
+    """Seconds to wait after failed try ``attempt`` (1-based): full jitter over an exponential bound."""
+    return draw() * min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2 ** (attempt - 1))
+
+
 def _retrying(what: str, fn: Callable[[], dict[str, Any]], *, sleep: Callable[[float], None] = time.sleep) -> Any:
     for attempt in range(1, ATTEMPTS + 1):
         try:
@@ -59,7 +70,7 @@ def _retrying(what: str, fn: Callable[[], dict[str, Any]], *, sleep: Callable[[f
             if _permanent(e) or attempt == ATTEMPTS:
                 raise ExportError(f"{what}: {type(e).__name__}: {e}") from e
             log.warning("%s failed (attempt %d/%d): %s; retrying", what, attempt, ATTEMPTS, e)
-            sleep(BACKOFF_SECONDS * attempt)
+            sleep(backoff(attempt))
     raise AssertionError("unreachable")
 
 
@@ -102,13 +113,22 @@ def copy_to_s3(s3: S3Export, folder: str) -> dict[str, Any]:
     )
     names = files_under(folder)
 
+    def key(name: str) -> str:
+        return "/".join(p for p in (s3.prefix, name.replace(os.sep, "/")) if p)
+
     def run() -> dict[str, Any]:
-        total = 0
+        # No manifest while the prefix is partly written: an earlier copy's manifest goes first, the new one last.
+        client.delete_object(Bucket=s3.bucket, Key=key(MANIFEST))
+        total, listed = 0, []
         for name in names:  # upload_file switches to multipart uploads for big weight shards
-            key = "/".join(p for p in (s3.prefix, name.replace(os.sep, "/")) if p)
-            client.upload_file(os.path.join(folder, name), s3.bucket, key)
-            total += os.path.getsize(os.path.join(folder, name))
-        return {"destination": s3.uri, "objects": len(names), "bytes": total}
+            client.upload_file(os.path.join(folder, name), s3.bucket, key(name))
+            size = os.path.getsize(os.path.join(folder, name))
+            total += size
+            listed.append({"key": key(name), "bytes": size})
+        manifest = {"complete": True, "objects": listed, "bytes": total, "time": time.time()}
+        client.put_object(Bucket=s3.bucket, Key=key(MANIFEST), Body=json.dumps(manifest, indent=1).encode(),
+                          ContentType="application/json")
+        return {"destination": s3.uri, "objects": len(names), "bytes": total, "manifest": key(MANIFEST)}
 
     return _retrying(f"copy to {s3.uri}", run)
 
