@@ -69,6 +69,7 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
             "WORLD_SIZE": str(nodes),
             "FINETUNE_JOB_NAME": "ft", "FINETUNE_NAMESPACE": namespace, "FINETUNE_ATTEMPT": "0",
             "FINETUNE_CONFIG": "/etc/finetune/config.json", "HF_HOME": "/tmp/huggingface",
+            "AWS_EC2_METADATA_DISABLED": "true",  # no node IAM role through instance metadata
         }
         assert pod.metadata.labels["finetune.dev/node-rank"] == str(rank)
         assert pod.metadata.labels["finetune.dev/attempt"] == "0"
