@@ -16,6 +16,7 @@ from finetune_operator.spec import (
     JobSpec,
     SpecError,
     check_output_path,
+    paths_overlap,
 )
 
 
@@ -52,8 +53,7 @@ def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
     for i, v in enumerate(spec.pod_template.volumes):
         # The parser refuses paths not in normal form; compared in the form the container runtime mounts anyway.
         mp = "/" + posixpath.normpath(v.mount_path).lstrip("/")
-        if mp in ("/", "/etc") or any(mp == c or mp.startswith(c + "/") or c.startswith(mp + "/")
-                                      for c in IMAGE_CODE_PATHS):
+        if mp in ("/", "/etc") or any(paths_overlap(mp, c) for c in IMAGE_CODE_PATHS):
             return Violation("InvalidSpec", f"spec.podTemplate.volumes[{i}].mountPath: {v.mount_path} would mount "
                              f"over the image's own files; {allowed}: mount data elsewhere (e.g. /data)")
     return None

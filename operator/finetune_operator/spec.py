@@ -125,6 +125,11 @@ class _Errors:
             raise SpecError(first_field, first_message, more=tuple(more))
 
 
+def paths_overlap(a: str, b: str) -> bool:
+    """Two normal absolute paths where a mount at one would cover or sit inside the other."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
 def normal_path(path: str) -> bool:
     """An absolute path already in its normal form: one leading '/', no empty, '.' or '..' segment, no trailing '/'.
     The container runtime cleans a mount path before mounting it, so '//usr', '/data/../usr' or '/./opt' would land
@@ -462,7 +467,7 @@ def _parse_volumes(pt: dict[str, Any], cache: bool, errors: _Errors) -> tuple[Ex
                        "'/', no empty, '.' or '..' segments and no trailing '/' (for example /data)")
         else:
             for reserved in (*RESERVED_MOUNTS, *((CACHE_MOUNT,) if cache else ())):
-                if raw == reserved or raw.startswith(reserved + "/") or reserved.startswith(raw + "/"):
+                if paths_overlap(raw, reserved):
                     errors.add(f"{field_path}.mountPath",
                                f"{raw} overlaps {reserved}, which the operator mounts; pick another path")
                     break

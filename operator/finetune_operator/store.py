@@ -90,8 +90,11 @@ class Store:
         """Trust nothing about pods until each job's are listed again: after this replica was a standby (its
         watches paused), and periodically, so a deletion a restarted watch never reported cannot linger."""
         with self._lock:
-            self._listed.clear()
-            self._expect.clear()
+            self._untrust_all()
+
+    def _untrust_all(self) -> None:
+        self._listed.clear()
+        self._expect.clear()
 
     def untrust(self, key: Key) -> None:
         """Trust nothing about this job's pods until they are listed again: a delete found its pod gone or replaced,
@@ -109,8 +112,7 @@ class Store:
             if now - self._relisted_at < every:
                 return False
             self._relisted_at = now
-            self._listed.clear()
-            self._expect.clear()
+            self._untrust_all()
             return True
 
     # -- pods ----------------------------------------------------------------------------------------
