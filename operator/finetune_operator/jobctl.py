@@ -135,9 +135,19 @@ def server_errors(ctx: Context, job: dict[str, Any]) -> list[str]:
         # Server-side apply answers a field the schema does not declare with a 500 ("failed to create typed patch
         # object (...): .spec.x: field not declared in schema"): the manifest's fault, not the server's.
         if e.code == 500 and "failed to create typed patch object" in e.message:
-            return [e.message.rpartition("): ")[2] or e.message]
+            return typed_patch_errors(e.message)
         raise
     return []
+
+
+def typed_patch_errors(message: str) -> list[str]:
+    """The fields of server-side apply's "failed to create typed patch object (...): <errors>" answer, one line each:
+    one error is written inline (".spec.x: field not declared in schema"), several as an indented list after
+    "errors:"."""
+    tail = message.rpartition("): ")[2].strip() or message
+    if not tail.startswith("errors:"):
+        return [tail]
+    return [line.strip() for line in tail.removeprefix("errors:").splitlines() if line.strip()] or [message]
 
 
 def merged_errors(local: list[str], server: list[str]) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from finetune_operator import guardrails
+from finetune_operator import guardrails, jobctl
 from finetune_operator.builders import JobRef
 from finetune_operator.settings import Settings
 from finetune_operator.spec import TRAINING_ARGS, SpecError, normal_path, parse_spec
@@ -105,3 +105,20 @@ def test_the_condition_message_holds_every_error() -> None:
         parse_spec(base_spec(nodes=0.5, training={"seed": "x"}))
     assert str(e.value) == "spec.training.seed: must be a whole number, got 'x'; " \
                            "spec.nodes: must be a whole number, got 0.5"
+
+
+@pytest.mark.parametrize("message, lines", [
+    ('failed to create typed patch object (t/bad; finetune.dev/v1alpha1, Kind=FineTuneJob): '
+     '.spec.training.maxStep: field not declared in schema', [".spec.training.maxStep: field not declared in schema"]),
+    ('failed to create typed patch object (t/bad; finetune.dev/v1alpha1, Kind=FineTuneJob): errors:\n'
+     '  .spec.training.learningRate: expected numeric (int or float), got string\n'
+     '  .spec.training.maxStep: field not declared in schema',
+     [".spec.training.learningRate: expected numeric (int or float), got string",
+      ".spec.training.maxStep: field not declared in schema"]),
+])
+def test_server_side_apply_errors_become_one_line_per_field(message: str, lines: list[str]) -> None:
+    """The API server's 500 for a manifest server-side apply cannot type names one field inline or lists several
+    after "errors:"; `finetune validate` reports each as its own field, like the typed spec's errors."""
+    assert jobctl.typed_patch_errors(message) == lines
+    assert jobctl.merged_errors(["spec.training.learningRate: must be a number, got 'fast'"], lines) == [
+        "spec.training.learningRate: must be a number, got 'fast'", lines[-1]]
