@@ -52,8 +52,9 @@ run-local: setup ## the tiny example FineTuneJob on 2 local nodes, no Kubernetes
 operator: setup ## run the operator against the local control plane (make cluster-up first)
 	@$(VENV)/bin/finetune operator --standalone --kubeconfig $${FINETUNE_CLUSTER_DIR:-/tmp/finetune-cluster-$$(id -u)}/admin.kubeconfig
 
-test: setup ## run every test tier (unit, integration, chart, trainer on both stacks, e2e, real nodes, faults, Kueue)
-	@$(PY) -m pytest
+test: host-packages binaries node-binaries images ## run every test tier (unit, integration, chart, trainer on both stacks, e2e, real nodes, faults, Kueue)
+	@bash .ci/venv.sh
+	@$(PY) -m pytest  # helm, promtool and Kueue build in the background meanwhile when not cached (tests/prebuild.py)
 
 test-unit: setup ## unit tests only (pure code, seconds)
 	@$(PY) -m pytest -m unit

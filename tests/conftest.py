@@ -20,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import prebuild
+
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "crds"
+_PREBUILD = pytest.StashKey["subprocess.Popen[bytes] | None"]()
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,21 @@ class Cluster:
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc.stdout if check else proc.stdout + proc.stderr
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    """Tiers in the order of ``tests.prebuild.tier``; each tier's own order (its conftest's) is kept."""
+    prebuild.order(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"finetune-prebuild-{os.getpid()}.log"
+    session.config.stash[_PREBUILD] = prebuild.start(session.items, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    prebuild.stop(session.config.stash.get(_PREBUILD, None))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -39,9 +39,9 @@ export GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$bin"
 start=$(date +%s)
 
-# build <name> <module> <version> <package> [ldflags]
+# build <name> <module> <version> <package> [ldflags] [tags]
 build() {
-  local name="$1" module="$2" version="$3" pkg="$4" ldflags="${5:-}"
+  local name="$1" module="$2" version="$3" pkg="$4" ldflags="${5:-}" tags="${6:-}"
   local src="$out/src/$name"
   rm -rf "$src"
   mkdir -p "$src"
@@ -51,7 +51,7 @@ build() {
     printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
     go get "$module@$version" 2>&1 | grep -v '^go: downloading' || true
     echo "building $name $version"
-    go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/$name" "$pkg"
+    go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$bin/$name" "$pkg"
   )
 }
 
@@ -61,8 +61,10 @@ if [[ ! -f "$out/.helm-complete" ]]; then
   touch "$out/.helm-complete"
 fi
 if [[ -n "$helm_only" ]]; then "$bin/helm" version; exit 0; fi
+# remove_all_sd: no service-discovery plugins (the cloud SDKs are most of its compile time; `promtool test rules`
+# and `check rules` use none): 134 s instead of 311 s cold on 2 cores.
 build promtool github.com/prometheus/prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool \
-  "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
+  "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" remove_all_sd
 build controller-gen sigs.k8s.io/controller-tools "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen
 
 # The Prometheus Operator CRDs, generated from the Go types of the monitoring API module.
