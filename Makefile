@@ -71,8 +71,8 @@ test-kueue: setup ## gang admission with a real Kueue (queueing, preemption, res
 test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, resume, rejections)
 	@$(PY) -m pytest -m ort
 
-lint: setup ## ruff and mypy --strict on the operator (the unit tier runs them too)
-	@$(VENV)/bin/ruff check operator tests/conftest.py tests/integration tests/unit tests/realnodes hack bench/node_store.py && $(VENV)/bin/mypy
+lint: ## ruff (lint and format check) over the whole tree, mypy --strict on the operator and the trainer's deciding modules (the unit tier runs them too)
+	@bash .ci/venv.sh --dev >/dev/null && $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 generate: ## regenerate docs/reference.md (from the CRD), the Grafana dashboard, the operator's copy of the config contract, both stacks' TrainingArguments and the chart's README
 	@$(PY) -m hack.helmtools.crd_reference && $(PY) -m hack.helmtools.dashboard && $(PY) -m hack.contract && \

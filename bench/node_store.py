@@ -30,8 +30,9 @@ def free_bytes(path: Path) -> int:
 
 
 def store_path() -> Path:
-    out = subprocess.run(["bash", str(ROOT / "hack" / "images" / "build.sh")], stdout=subprocess.PIPE, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["bash", str(ROOT / "hack" / "images" / "build.sh")], stdout=subprocess.PIPE, text=True, check=True
+    ).stdout
     return Path(out.strip().splitlines()[-1])
 
 
@@ -43,35 +44,50 @@ def time_clones(store: Path, clones: int, work: Path) -> list[dict[str, float]]:
         before = free_bytes(work)
         t0 = time.perf_counter()
         clone_store(store / "root", work / f"node-{i}")
-        rows.append({"seconds": round(time.perf_counter() - t0, 2),
-                     "disk_added_mb": round((before - free_bytes(work)) / 2**20, 1)})
+        rows.append(
+            {
+                "seconds": round(time.perf_counter() - t0, 2),
+                "disk_added_mb": round((before - free_bytes(work)) / 2**20, 1),
+            }
+        )
     return rows
 
 
 def time_import(image: str, work: Path) -> dict[str, float]:
-    env_out = subprocess.run(["bash", str(ROOT / "hack" / "images" / "build.sh"), "--env"], capture_output=True,
-                             text=True, check=True).stdout
+    env_out = subprocess.run(
+        ["bash", str(ROOT / "hack" / "images" / "build.sh"), "--env"], capture_output=True, text=True, check=True
+    ).stdout
     env = dict(os.environ)
     for part in env_out.replace("export ", "").split():
         key, _, value = part.partition("=")
         env[key] = value
     root, run = work / "import-root", Path(tempfile.mkdtemp(prefix="ftn-bench-", dir="/run"))
-    (work / "import.toml").write_text(f'version = 2\nroot = "{root}"\nstate = "{run}"\n'
-                                      f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-                                      f'[grpc]\n  address = "{run}/c.sock"\n'
-                                      f'[ttrpc]\n  address = "{run}/c.sock.ttrpc"\n')
-    ctd = subprocess.Popen(["containerd", "--config", str(work / "import.toml")], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+    (work / "import.toml").write_text(
+        f'version = 2\nroot = "{root}"\nstate = "{run}"\n'
+        f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{run}/c.sock"\n'
+        f'[ttrpc]\n  address = "{run}/c.sock.ttrpc"\n'
+    )
+    ctd = subprocess.Popen(
+        ["containerd", "--config", str(work / "import.toml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         while not (run / "c.sock").exists():
             time.sleep(0.1)
         before = free_bytes(work)
         t0 = time.perf_counter()
-        subprocess.run(f"podman save --format docker-archive {image} | ctr --address {run}/c.sock -n k8s.io "
-                       f"images import --snapshotter overlayfs -", shell=True, check=True, env=env,
-                       stdout=subprocess.DEVNULL)
-        return {"seconds": round(time.perf_counter() - t0, 1),
-                "disk_added_mb": round((before - free_bytes(work)) / 2**20, 1)}
+        subprocess.run(
+            f"podman save --format docker-archive {image} | ctr --address {run}/c.sock -n k8s.io "
+            f"images import --snapshotter overlayfs -",
+            shell=True,
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        return {
+            "seconds": round(time.perf_counter() - t0, 1),
+            "disk_added_mb": round((before - free_bytes(work)) / 2**20, 1),
+        }
     finally:
         ctd.terminate()
         ctd.wait()
@@ -90,8 +106,12 @@ def main() -> None:
     cache = store.parent
     work = Path(tempfile.mkdtemp(prefix="bench-node-store-", dir=cache))
     try:
-        report: dict[str, object] = {"store": str(store), "store_mb": round(int(du) / 2**20, 1), "images": images,
-                                     "clones": time_clones(store, args.clones, work)}
+        report: dict[str, object] = {
+            "store": str(store),
+            "store_mb": round(int(du) / 2**20, 1),
+            "images": images,
+            "clones": time_clones(store, args.clones, work),
+        }
         if args.do_import:
             trainer = next(i for i in images if "trainer" in i)
             report["import_trainer_once"] = time_import(trainer, work)

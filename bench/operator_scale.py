@@ -62,8 +62,15 @@ from bench.common import Api as BaseApi  # noqa: E402
 from hack.localcluster.cluster import BIN_DIR, K8S_VERSION, LocalCluster, free_port, log_tail  # noqa: E402
 
 LABEL_JOB = "finetune.dev/job-name"
-OPERATOR_RESOURCES = ("finetunejobs", "pods", "services", "configmaps", "events", "persistentvolumeclaims",
-                      "poddisruptionbudgets")
+OPERATOR_RESOURCES = (
+    "finetunejobs",
+    "pods",
+    "services",
+    "configmaps",
+    "events",
+    "persistentvolumeclaims",
+    "poddisruptionbudgets",
+)
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY")
 SETTLE_SECONDS = 3.0
 

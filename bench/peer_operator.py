@@ -61,27 +61,54 @@ def peer_crd() -> Path:
 def pytorchjob(name: str, nodes: int) -> dict[str, Any]:
     def replicas(n: int) -> dict[str, Any]:
         # The container must be named "pytorch" (the peer looks its port up by that name).
-        return {"replicas": n, "restartPolicy": "OnFailure",
-                "template": {"spec": {"containers": [{"name": "pytorch", "image": "trainer:bench"}]}}}
+        return {
+            "replicas": n,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [{"name": "pytorch", "image": "trainer:bench"}]}},
+        }
 
     specs = {"Master": replicas(1)}
     if nodes > 1:
         specs["Worker"] = replicas(nodes - 1)
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
-            "spec": {"pytorchReplicaSpecs": specs}}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {"pytorchReplicaSpecs": specs},
+    }
 
 
 def prepare_peer(cluster: LocalCluster, api: Api) -> None:
     """The empty Secret the peer's certificate rotator fills, and the serving pair its webhook server reads."""
-    status, body = api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "training-operator-webhook-cert"}})
+    status, body = api.request(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "training-operator-webhook-cert"}},
+    )
     if status not in (201, 409):
         raise RuntimeError(f"creating the peer's webhook Secret: HTTP {status} {body[:200]!r}")
     CERT_DIR.mkdir(parents=True, exist_ok=True)
     if not (CERT_DIR / "tls.crt").exists():
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365", "-subj",
-                        "/CN=localhost", "-keyout", str(CERT_DIR / "tls.key"), "-out", str(CERT_DIR / "tls.crt")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "365",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                str(CERT_DIR / "tls.key"),
+                "-out",
+                str(CERT_DIR / "tls.crt"),
+            ],
+            check=True,
+            capture_output=True,
+        )
 
 
 class PeerOperator(Operator):
@@ -96,11 +123,23 @@ class PeerOperator(Operator):
         env.pop("KUBECONFIG", None)
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [str(binary), f"--kubeconfig={kubeconfig}", "--enable-scheme=pytorchjob", f"--namespace={NAMESPACE}",
-                 f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
-                 f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
-                 f"--webhook-server-port={free_port()}", "--leader-elect=false", "--zap-log-level=info", *flags],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                [
+                    str(binary),
+                    f"--kubeconfig={kubeconfig}",
+                    "--enable-scheme=pytorchjob",
+                    f"--namespace={NAMESPACE}",
+                    f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+                    f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
+                    f"--webhook-server-port={free_port()}",
+                    "--leader-elect=false",
+                    "--zap-log-level=info",
+                    *flags,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
 
     def metrics(self) -> dict[str, float]:
@@ -150,8 +189,11 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
         cells, mids = [], {}
         for n in names:
             vals = [get(r) for r in results[n] if get(r) is not None]
-            cells.append(f"{min(vals):g}–{max(vals):g}" if len(vals) > 1 and min(vals) != max(vals)  # noqa: RUF001
-                         else (f"{vals[0]:g}" if vals else "—"))
+            cells.append(
+                f"{min(vals):g}–{max(vals):g}"  # noqa: RUF001
+                if len(vals) > 1 and min(vals) != max(vals)
+                else (f"{vals[0]:g}" if vals else "—")
+            )
             mids[n] = sorted(vals)[len(vals) // 2] if vals else None
         ours, peer = mids.get("finetune-operator"), mids.get("peer, tuned")
         ratio = f"{ours / peer:.2f}" if ours is not None and peer else "—"
@@ -174,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="ours,peer-default,peer-tuned")
     args = ap.parse_args(argv)
     binary, crd = build_peer(), peer_crd()
-    targets = {"ours": Target(), "peer-default": peer_target(binary, crd, tuned=False),
-               "peer-tuned": peer_target(binary, crd, tuned=True)}
+    targets = {
+        "ours": Target(),
+        "peer-default": peer_target(binary, crd, tuned=False),
+        "peer-tuned": peer_target(binary, crd, tuned=True),
+    }
     chosen = [targets[v] for v in args.variants.split(",")]
     results: dict[str, list[dict[str, Any]]] = {t.name: [] for t in chosen}
     for round_ in range(1, args.rounds + 1):

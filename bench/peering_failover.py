@@ -81,7 +81,6 @@ CASES = {
 }
 
 
-
 def peering_priority(pod_name: str) -> int:
     """The operator's derivation (cli._peering_priority without FINETUNE_PEERING_PRIORITY)."""
     return zlib.crc32(pod_name.encode()) % 10_000 + 1
@@ -110,8 +109,12 @@ class PodWatch:
         selector = LABEL_JOB.replace("/", "%2F")
         self.lock = threading.Lock()
         self.seen: dict[str, dict[str, float]] = {}  # job -> pod -> monotonic time first seen
-        self.stream = Watcher(api, f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={rv}"
-                              f"&labelSelector={selector}&timeoutSeconds=3600", self.on_event)
+        self.stream = Watcher(
+            api,
+            f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={rv}"
+            f"&labelSelector={selector}&timeoutSeconds=3600",
+            self.on_event,
+        )
 
     def on_event(self, type_: str, obj: dict[str, Any], at: float) -> None:
         meta = obj.get("metadata") or {}
@@ -165,8 +168,16 @@ class Replica:
         entry = ["-m", "finetune_operator.cli"]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, *entry, "operator", "--kubeconfig", self.kubeconfig, "--namespace", NAMESPACE,
-                 "--log-json"],
+                [
+                    sys.executable,
+                    *entry,
+                    "operator",
+                    "--kubeconfig",
+                    self.kubeconfig,
+                    "--namespace",
+                    NAMESPACE,
+                    "--log-json",
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -293,14 +304,18 @@ class Bench:
             self._names += 1
             if peering_priority(name) not in taken:
                 break
-        r = Replica(name, kubeconfig=self.cluster.kubeconfig, logdir=Path(self.cluster.state_dir) / "logs",
-                    source=self.args.source, args=self.args)
+        r = Replica(
+            name,
+            kubeconfig=self.cluster.kubeconfig,
+            logdir=Path(self.cluster.state_dir) / "logs",
+            source=self.args.source,
+            args=self.args,
+        )
         self.replicas.append(r)
         return r
 
     def create_job(self, name: str) -> None:
-        self.api.create(f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}",
-                        job_manifest(name, self.args.nodes))
+        self.api.create(f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}", job_manifest(name, self.args.nodes))
 
     def all_pods(self, job: str) -> dict[str, float] | None:
         assert self.watch
@@ -315,25 +330,44 @@ class Bench:
     def setup(self) -> None:
         kubectl = [str(BIN_DIR / "kubectl"), f"--kubeconfig={self.cluster.kubeconfig}"]
         src = self.args.source
-        for f in (src / "crds" / "finetune.dev_finetunejobs.yaml",
-                  src / "charts" / "finetune-operator" / "crds" / "kopf-peering-crds.yaml"):
+        for f in (
+            src / "crds" / "finetune.dev_finetunejobs.yaml",
+            src / "charts" / "finetune-operator" / "crds" / "kopf-peering-crds.yaml",
+        ):
             subprocess.run([*kubectl, "apply", "--server-side", "-f", str(f)], check=True, capture_output=True)
         subprocess.run(
-            [*kubectl, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}",
-             "crd/kopfpeerings.kopf.dev", "crd/clusterkopfpeerings.kopf.dev"],
-            check=True, capture_output=True,
+            [
+                *kubectl,
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                f"crd/{PLURAL}.{GROUP}",
+                "crd/kopfpeerings.kopf.dev",
+                "crd/clusterkopfpeerings.kopf.dev",
+            ],
+            check=True,
+            capture_output=True,
         )
-        self.api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                               "metadata": {"name": NAMESPACE}})
+        self.api.create(
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
         # Pods are refused until the namespace's default ServiceAccount exists; CR endpoints may lag Established.
-        wait_for(lambda: self.api.get_json(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default"),
-                 timeout=60, what="the default ServiceAccount", check=self.check)
-        for path in (f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}",
-                     f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings"):
+        wait_for(
+            lambda: self.api.get_json(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default"),
+            timeout=60,
+            what="the default ServiceAccount",
+            check=self.check,
+        )
+        for path in (
+            f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}",
+            f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings",
+        ):
             wait_for(functools.partial(self.api.get_json, path), timeout=60, what=path, check=self.check)
         # What the chart's templates/peering.yaml creates for a namespaced release.
-        self.api.create(f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings",
-                        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}})
+        self.api.create(
+            f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings",
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
+        )
         self.watch = PodWatch(self.api)
         self.watch.stream.start()
         self.watch.stream.ready.wait(30)
@@ -343,15 +377,18 @@ class Bench:
 
     def live_peers(self) -> dict[str, dict[str, Any]]:
         now = time.time()
-        return {k: v for k, v in self.api.peers().items()
-                if parse_ts(str(v["lastseen"])) + int(v.get("lifetime", 60)) > now}
+        return {
+            k: v for k, v in self.api.peers().items() if parse_ts(str(v["lastseen"])) + int(v.get("lifetime", 60)) > now
+        }
 
     def joined(self, replicas: list[Replica]) -> bool:
         peers = self.live_peers()
         for r in replicas:
             if r.name in peers and int(peers[r.name]["priority"]) != r.priority:
-                raise RuntimeError(f"{r.name} announced priority {peers[r.name]['priority']}, expected "
-                                   f"{r.priority} (cli._peering_priority changed?)")
+                raise RuntimeError(
+                    f"{r.name} announced priority {peers[r.name]['priority']}, expected "
+                    f"{r.priority} (cli._peering_priority changed?)"
+                )
         return all(r.name in peers for r in replicas) and all(r.metrics_ready() for r in replicas)
 
     def confirm_single_active(self, label: str) -> Replica:
@@ -387,19 +424,29 @@ class Bench:
         passes = {r.name: after[r.name].get(PASSES, 0) - before[r.name].get(PASSES, 0) for r in alive}
         acting = [r for r in alive if passes[r.name] > 0 or r.handled(probe)]
         # Passes of a replica kopf had already paused, before the probe: its backstop's PeeringGate lagging.
-        lagging = {r.name: before[r.name].get(PASSES, 0) - at_pause[r.name].get(PASSES, 0)
-                   for r in alive if r is not expected}
-        self.checks.append({"label": label, "replicas": [str(r) for r in alive], "expected_active": str(expected),
-                            "reconcile_passes": passes, "paused_replica_passes_before_probe": lagging,
-                            "kopf_settle_seconds": round(settle, 2)})
+        lagging = {
+            r.name: before[r.name].get(PASSES, 0) - at_pause[r.name].get(PASSES, 0) for r in alive if r is not expected
+        }
+        self.checks.append(
+            {
+                "label": label,
+                "replicas": [str(r) for r in alive],
+                "expected_active": str(expected),
+                "reconcile_passes": passes,
+                "paused_replica_passes_before_probe": lagging,
+                "kopf_settle_seconds": round(settle, 2),
+            }
+        )
         if acting != [expected]:
             self.problems.append(
                 f"{label}: expected only {expected} active; reconciling replicas: {[str(r) for r in acting]}, "
-                f"passes {passes}")
+                f"passes {passes}"
+            )
         if any(lagging.values()):
             self.warnings.append(
                 f"{label}: a replica kopf had paused still reconciled (backstop, within the PeeringGate's "
-                f"{GATE_SECONDS:g} s cache): passes {lagging}")
+                f"{GATE_SECONDS:g} s cache): passes {lagging}"
+            )
         return expected
 
     # -- one failover ---------------------------------------------------------------------------------------
@@ -407,9 +454,16 @@ class Bench:
     def failover(self, case: str, n: int, active: Replica) -> dict[str, Any]:
         standby = [r for r in self.alive() if r is not active]
         if case == "crash" and self.args.crash_heartbeat_age:
-            wait_for(lambda: time.time() - parse_ts(str(self.api.peers()[active.name]["lastseen"]))
-                     >= self.args.crash_heartbeat_age, timeout=self.lifetime, interval=0.05,
-                     what=f"{active}'s keep-alive to age {self.args.crash_heartbeat_age} s", check=self.check)
+            wait_for(
+                lambda: (
+                    time.time() - parse_ts(str(self.api.peers()[active.name]["lastseen"]))
+                    >= self.args.crash_heartbeat_age
+                ),
+                timeout=self.lifetime,
+                interval=0.05,
+                what=f"{active}'s keep-alive to age {self.args.crash_heartbeat_age} s",
+                check=self.check,
+            )
         peer = self.api.peers().get(active.name) or {}
         lastseen = parse_ts(str(peer["lastseen"])) if peer else None  # its latest keep-alive
         before = self.snapshot(standby)
@@ -422,14 +476,25 @@ class Bench:
         if case == "restart":  # the kubelet restarts the container of the same pod at once
             wait_for(lambda: active.exited_at, timeout=10, what=f"{active} to exit", check=self.check, interval=0.01)
             active.start()
-        row: dict[str, Any] = {"case": case, "round": n, "killed": str(active), "job": job,
-                               "heartbeat_age_at_kill": None, "expiry_after_kill": None}
+        row: dict[str, Any] = {
+            "case": case,
+            "round": n,
+            "killed": str(active),
+            "job": job,
+            "heartbeat_age_at_kill": None,
+            "expiry_after_kill": None,
+        }
         if lastseen is not None:
             row["heartbeat_age_at_kill"] = round(kill_wall - lastseen, 2)
             row["expiry_after_kill"] = round(lastseen + int(peer.get("lifetime", 60)) - kill_wall, 2)
         try:
-            pods = wait_for(lambda: self.all_pods(job), timeout=self.args.timeout or self.lifetime + 60,
-                            what=f"the pods of {job} after the {case}", check=self.check, interval=0.02)
+            pods = wait_for(
+                lambda: self.all_pods(job),
+                timeout=self.args.timeout or self.lifetime + 60,
+                what=f"the pods of {job} after the {case}",
+                check=self.check,
+                interval=0.02,
+            )
         except TimeoutError:
             self.problems.append(f"{case} #{n}: no replica took over: the pods of {job} did not appear")
             raise
@@ -438,8 +503,11 @@ class Bench:
         time.sleep(1)
         candidates = [*standby, *([active] if case == "restart" else [])]
         after = self.snapshot(candidates)
-        created = {r.name: after[r.name].get("finetune_operator_pods_created_total", 0)
-                   - (before.get(r.name) or {}).get("finetune_operator_pods_created_total", 0) for r in candidates}
+        created = {
+            r.name: after[r.name].get("finetune_operator_pods_created_total", 0)
+            - (before.get(r.name) or {}).get("finetune_operator_pods_created_total", 0)
+            for r in candidates
+        }
         by = [r for r in candidates if created[r.name] > 0 or r.handled(job)]
         row["pods_by"] = ", ".join(str(r) for r in by) or "?"
         if len(by) != 1:
@@ -495,26 +563,48 @@ def report(b: Bench, args: argparse.Namespace, command: str, meta: dict[str, Any
         fail = [float(r["failover"]) for r in rows]
         res = [float(r["kopf_resumed_after_kill"]) for r in rows if r.get("kopf_resumed_after_kill") is not None]
         lines.append(f"{CASES[case]:28}  {len(rows):>2}  {summary(fail):22}   ({summary(res)})")
-    lines += ["", "per round, seconds after the signal: failover = the job's last pod seen; hb age = how old the "
-              "killed replica's latest keep-alive (lastseen) was at the kill; expiry = its lastseen + lifetime; "
-              "resumed = kopf's 'Resuming operations' in the new active replica's log; exit = the killed process gone"]
-    lines.append(f"{'case':8} {'#':>2}  {'failover':>8} {'hb age':>7} {'expiry':>6} {'resumed':>7} {'exit':>5}  "
-                 f"{'entry left':10}  killed -> pods created by")
+    lines += [
+        "",
+        "per round, seconds after the signal: failover = the job's last pod seen; hb age = how old the "
+        "killed replica's latest keep-alive (lastseen) was at the kill; expiry = its lastseen + lifetime; "
+        "resumed = kopf's 'Resuming operations' in the new active replica's log; exit = the killed process gone",
+    ]
+    lines.append(
+        f"{'case':8} {'#':>2}  {'failover':>8} {'hb age':>7} {'expiry':>6} {'resumed':>7} {'exit':>5}  "
+        f"{'entry left':10}  killed -> pods created by"
+    )
     for r in b.rounds:
-        f = {k: "-" if r.get(k) is None else str(r[k]) for k in ("failover", "heartbeat_age_at_kill",
-             "expiry_after_kill", "kopf_resumed_after_kill", "victim_exit")}
+        f = {
+            k: "-" if r.get(k) is None else str(r[k])
+            for k in (
+                "failover",
+                "heartbeat_age_at_kill",
+                "expiry_after_kill",
+                "kopf_resumed_after_kill",
+                "victim_exit",
+            )
+        }
         entry = "-" if "entry_left" not in r else ("yes" if r["entry_left"] else "no")
-        lines.append(f"{r['case']:8} {r['round']:>2}  {f['failover']:>8} {f['heartbeat_age_at_kill']:>7} "
-                     f"{f['expiry_after_kill']:>6} {f['kopf_resumed_after_kill']:>7} {f['victim_exit']:>5}  "
-                     f"{entry:10}  {r['killed']} -> {r['pods_by']}")
-    lines += ["", "single-active checks (reconcile passes per replica during a probe job; only the expected one may "
-              "reconcile):"]
+        lines.append(
+            f"{r['case']:8} {r['round']:>2}  {f['failover']:>8} {f['heartbeat_age_at_kill']:>7} "
+            f"{f['expiry_after_kill']:>6} {f['kopf_resumed_after_kill']:>7} {f['victim_exit']:>5}  "
+            f"{entry:10}  {r['killed']} -> {r['pods_by']}"
+        )
+    lines += [
+        "",
+        "single-active checks (reconcile passes per replica during a probe job; only the expected one may reconcile):",
+    ]
     for c in b.checks:
         lag = {k: v for k, v in c["paused_replica_passes_before_probe"].items() if v}
-        lines.append(f"  {c['label']:16} active {c['expected_active']:40} passes {c['reconcile_passes']}"
-                     + (f"; a paused replica's passes before the probe: {lag}" if lag else ""))
-    how_lifetime = ("--lifetime: FINETUNE_PEERING_LIFETIME_SECONDS = peering.lifetimeSeconds" if args.lifetime
-                    else "the default of peering.lifetimeSeconds")
+        lines.append(
+            f"  {c['label']:16} active {c['expected_active']:40} passes {c['reconcile_passes']}"
+            + (f"; a paused replica's passes before the probe: {lag}" if lag else "")
+        )
+    how_lifetime = (
+        "--lifetime: FINETUNE_PEERING_LIFETIME_SECONDS = peering.lifetimeSeconds"
+        if args.lifetime
+        else "the default of peering.lifetimeSeconds"
+    )
     lines += [
         "",
         f"peering lifetime: {b.lifetime} s ({how_lifetime}); "
@@ -545,18 +635,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each case")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--nodes", type=int, default=2, help="nodes (pods) per FineTuneJob")
-    ap.add_argument("--resync-seconds", type=int, default=30,
-                    help="the operator's backstop period (FINETUNE_RESYNC_SECONDS; the chart's default is 30)")
-    ap.add_argument("--lifetime", type=int, default=0,
-                    help="run the replicas with this peering lifetime (FINETUNE_PEERING_LIFETIME_SECONDS, the chart's "
-                         "peering.lifetimeSeconds; default: as shipped, 60 s)")
-    ap.add_argument("--crash-heartbeat-age", type=float, default=0,
-                    help="crash only when the active replica's latest keep-alive is this many seconds old "
-                         "(default: at once, a few seconds after it)")
-    ap.add_argument("--timeout", type=float, default=0, help="give up on one failover after this many seconds "
-                    "(default: lifetime + 60)")
-    ap.add_argument("--source", type=Path, default=ROOT,
-                    help="checkout to take operator/, crds/ and the chart's crds/ from (default: this one)")
+    ap.add_argument(
+        "--resync-seconds",
+        type=int,
+        default=30,
+        help="the operator's backstop period (FINETUNE_RESYNC_SECONDS; the chart's default is 30)",
+    )
+    ap.add_argument(
+        "--lifetime",
+        type=int,
+        default=0,
+        help="run the replicas with this peering lifetime (FINETUNE_PEERING_LIFETIME_SECONDS, the chart's "
+        "peering.lifetimeSeconds; default: as shipped, 60 s)",
+    )
+    ap.add_argument(
+        "--crash-heartbeat-age",
+        type=float,
+        default=0,
+        help="crash only when the active replica's latest keep-alive is this many seconds old "
+        "(default: at once, a few seconds after it)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        help="give up on one failover after this many seconds (default: lifetime + 60)",
+    )
+    ap.add_argument(
+        "--source",
+        type=Path,
+        default=ROOT,
+        help="checkout to take operator/, crds/ and the chart's crds/ from (default: this one)",
+    )
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--keep-logs", action="store_true", help="keep the cluster's and the replicas' logs")
     args = ap.parse_args(argv)
@@ -564,8 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [c for c in args.cases if c not in CASES]:
         ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
     args.source = args.source.resolve()
-    command = shlex.join([sys.executable, "-m", "bench.peering_failover",
-                          *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(
+        [sys.executable, "-m", "bench.peering_failover", *(argv if argv is not None else sys.argv[1:])]
+    )
 
     def on_term(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # so that the replicas and the cluster are stopped
@@ -586,8 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in bench.replicas if bench else []:
             print(f"--- {r} log tail:\n{r.tail(15)}", file=sys.stderr)
         with contextlib.suppress(Exception):
-            print(f"--- kube-apiserver log tail:\n{log_tail(cluster.state_dir, 'kube-apiserver', 10)}",
-                  file=sys.stderr)
+            print(f"--- kube-apiserver log tail:\n{log_tail(cluster.state_dir, 'kube-apiserver', 10)}", file=sys.stderr)
         if bench and bench.problems:
             print("problems: " + "; ".join(bench.problems), file=sys.stderr)
         raise
@@ -605,11 +715,21 @@ def main(argv: list[str] | None = None) -> int:
     meta["total_seconds"] = time.monotonic() - t0
     print(report(bench, args, command, meta))
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "rounds": bench.rounds, "checks": bench.checks, "problems": bench.problems, "warnings": bench.warnings,
-            "lifetime": bench.lifetime,
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, **meta,
-        }, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "rounds": bench.rounds,
+                    "checks": bench.checks,
+                    "problems": bench.problems,
+                    "warnings": bench.warnings,
+                    "lifetime": bench.lifetime,
+                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                    **meta,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if ok else 1
 
 

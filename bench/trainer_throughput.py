@@ -107,8 +107,14 @@ def run_path(name: str, args: argparse.Namespace, *, with_metrics: bool) -> dict
     from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics, mfu, peak_flops
     from transformers import TrainerCallback, default_data_collator
 
-    kind = {"eager": "none", "eager-attention": "none", "eager+metrics": "none", "ort": "ort", "compile": "compile",
-            "gpu-warmup": "none"}[name]
+    kind = {
+        "eager": "none",
+        "eager-attention": "none",
+        "eager+metrics": "none",
+        "ort": "ort",
+        "compile": "compile",
+        "gpu-warmup": "none",
+    }[name]
     backend = accel.make_backend(kind)
     trainer_cls, args_cls = backend.classes()
     cuda = args.device == "cuda"

@@ -23,8 +23,10 @@ def main(argv: list[str]) -> int:
     text = SOURCE.read_text(encoding="utf-8")
     if "--check" in argv:
         if not COPY.exists() or COPY.read_text(encoding="utf-8") != text:
-            print(f"{COPY.relative_to(ROOT)} differs from {SOURCE.relative_to(ROOT)}: run `make generate`",
-                  file=sys.stderr)
+            print(
+                f"{COPY.relative_to(ROOT)} differs from {SOURCE.relative_to(ROOT)}: run `make generate`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     COPY.write_text(text, encoding="utf-8")

@@ -37,16 +37,38 @@ def helm_install(kubeconfig: str, images: dict[str, str]) -> None:
     values = []
     for key, prefix in (("operator", "image"), ("trainer", "trainer.image")):
         repo, tag = images[key].rsplit(":", 1)
-        values += ["--set", f"{prefix}.repository={repo}", "--set", f"{prefix}.tag={tag}",
-                   "--set", f"{prefix}.pullPolicy=Never"]  # built here: on the nodes, in no registry
-    subprocess.run([str(tools_dir() / "bin" / "helm"), f"--kubeconfig={kubeconfig}", "install", "finetune-operator",
-                    str(ROOT / "charts" / "finetune-operator"), "-n", "finetune-system", "--create-namespace",
-                    *values, "--wait", "--timeout", "180s"], check=True, stdout=subprocess.DEVNULL)
+        values += [
+            "--set",
+            f"{prefix}.repository={repo}",
+            "--set",
+            f"{prefix}.tag={tag}",
+            "--set",
+            f"{prefix}.pullPolicy=Never",
+        ]  # built here: on the nodes, in no registry
+    subprocess.run(
+        [
+            str(tools_dir() / "bin" / "helm"),
+            f"--kubeconfig={kubeconfig}",
+            "install",
+            "finetune-operator",
+            str(ROOT / "charts" / "finetune-operator"),
+            "-n",
+            "finetune-system",
+            "--create-namespace",
+            *values,
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hack.demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m hack.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--manifest", default=str(ROOT / "examples" / "tiny-job.yaml"))
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
@@ -67,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig = nc.kubeconfig
 
         def kubectl(*a: str, stdin: str | None = None) -> str:
-            return subprocess.run([str(BIN_DIR / "kubectl"), f"--kubeconfig={kubeconfig}", *a], input=stdin,
-                                  capture_output=True, text=True, check=True).stdout
+            return subprocess.run(
+                [str(BIN_DIR / "kubectl"), f"--kubeconfig={kubeconfig}", *a],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
 
         print(f"demo: control plane and 2 real nodes up in {time.monotonic() - t1:.0f}s")
         print(kubectl("get", "nodes", "-o", "wide"), end="")
@@ -105,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: {name} {state or 'did not finish'} in {time.monotonic() - t0:.0f}s in all")
         if args.keep:
             keep = True
-            print(f"demo: left running: export KUBECONFIG={kubeconfig}; stop with "
-                  f"python -m hack.localcluster down --dir {work}")
+            print(
+                f"demo: left running: export KUBECONFIG={kubeconfig}; stop with "
+                f"python -m hack.localcluster down --dir {work}"
+            )
         return 0 if state == "Succeeded" else 1
     finally:
         if not keep:

@@ -17,15 +17,22 @@ class OperatorProcess:
     """The operator as a real subprocess, watching one namespace (or more: ``also_watch``), with fast timers for
     tests; ``standalone=False`` takes part in kopf's peering, whose objects the caller creates."""
 
-    def __init__(self, kubeconfig: str, namespace: str, *, also_watch: tuple[str, ...] = (), standalone: bool = True,
-                 **env: str) -> None:
+    def __init__(
+        self, kubeconfig: str, namespace: str, *, also_watch: tuple[str, ...] = (), standalone: bool = True, **env: str
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.namespaces = (namespace, *also_watch)
         self.standalone = standalone
-        self.env = {"FINETUNE_RESYNC_SECONDS": "2", "FINETUNE_METRICS_PORT": "0", "FINETUNE_HEALTH_PORT": "0",
-                    "FINETUNE_WAITING_TIMEOUT_SECONDS": "5", "FINETUNE_DEFAULT_IMAGE": "trainer:test",
-                    "FINETUNE_ORT_IMAGE": "trainer-ort:test", **env}
+        self.env = {
+            "FINETUNE_RESYNC_SECONDS": "2",
+            "FINETUNE_METRICS_PORT": "0",
+            "FINETUNE_HEALTH_PORT": "0",
+            "FINETUNE_WAITING_TIMEOUT_SECONDS": "5",
+            "FINETUNE_DEFAULT_IMAGE": "trainer:test",
+            "FINETUNE_ORT_IMAGE": "trainer-ort:test",
+            **env,
+        }
         self.log = Path(tempfile.mkstemp(prefix="operator-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -34,10 +41,23 @@ class OperatorProcess:
         env.pop("KUBECONFIG", None)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "finetune_operator.cli", "operator",
-                 *(["--standalone"] if self.standalone else []), "--kubeconfig", self.kubeconfig,
-                 *[f"--namespace={ns}" for ns in self.namespaces], "--verbose"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "finetune_operator.cli",
+                    "operator",
+                    *(["--standalone"] if self.standalone else []),
+                    "--kubeconfig",
+                    self.kubeconfig,
+                    *[f"--namespace={ns}" for ns in self.namespaces],
+                    "--verbose",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,
+            )
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:

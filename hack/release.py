@@ -73,8 +73,9 @@ def pin(chart: Path, *, operator: str, trainer: str, trainer_ort: str) -> list[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hack.release", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m hack.release", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check")
     c.add_argument("--tag", required=True)

@@ -92,16 +92,26 @@ def emit(stack: str) -> dict[str, Any]:
         fields[f.name] = entry
     from transformers.integrations import get_available_reporting_integrations
 
-    return {"transformers": transformers.__version__, "class": cls.__name__,
-            "reportTo": sorted(get_available_reporting_integrations()),
-            "deepspeed": importlib.util.find_spec("deepspeed") is not None, "fields": fields}
+    return {
+        "transformers": transformers.__version__,
+        "class": cls.__name__,
+        "reportTo": sorted(get_available_reporting_integrations()),
+        "deepspeed": importlib.util.find_spec("deepspeed") is not None,
+        "fields": fields,
+    }
 
 
 def _ort_python() -> str:
     """The ONNX Runtime venv's Python: ``$FINETUNE_ORT_VENV``, else the one ``.ci/venv.sh`` builds."""
-    path = os.environ.get("FINETUNE_ORT_VENV") or subprocess.run(
-        ["bash", str(ROOT / ".ci" / "venv.sh"), "--ort-path"], check=True, capture_output=True, text=True,
-    ).stdout.strip()
+    path = (
+        os.environ.get("FINETUNE_ORT_VENV")
+        or subprocess.run(
+            ["bash", str(ROOT / ".ci" / "venv.sh"), "--ort-path"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     return f"{path}/bin/python"
 
 
@@ -111,8 +121,13 @@ def generate(stacks: tuple[str, ...] = ("default", "ort")) -> dict[str, Any]:
         if stack == "default":
             out[stack] = emit(stack)
         else:
-            text = subprocess.run([_ort_python(), "-m", "hack.training_args", "--emit", stack], cwd=ROOT,
-                                  check=True, capture_output=True, text=True).stdout
+            text = subprocess.run(
+                [_ort_python(), "-m", "hack.training_args", "--emit", stack],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             out[stack] = json.loads(text)
     return out
 
@@ -131,8 +146,11 @@ def main(argv: list[str]) -> int:
         fresh = generate(stacks)
         drifted = [s for s in stacks if held.get(s) != fresh[s]]
         if drifted:
-            print(f"{OUT.relative_to(ROOT)}: the {', '.join(drifted)} stack's TrainingArguments changed: "
-                  "run `make generate`", file=sys.stderr)
+            print(
+                f"{OUT.relative_to(ROOT)}: the {', '.join(drifted)} stack's TrainingArguments changed: "
+                "run `make generate`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     OUT.write_text(render(generate(stacks)), encoding="utf-8")

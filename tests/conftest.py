@@ -36,7 +36,10 @@ class Cluster:
     def run_kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         proc = subprocess.run(
             [self.kubectl, f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, input=input, timeout=120,
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=120,
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
@@ -80,9 +83,14 @@ def install_crds(c: Cluster) -> None:
     # `kubectl wait` fails at once (not waits) while a just-created CRD has no status.conditions yet
     from tests.waiting import wait_for
 
-    wait_for(lambda: c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                                   *[f"-f={f}" for f in crds]) or True,
-             timeout=90, what="the CRDs to be Established", interval=0.5)
+    wait_for(
+        lambda: (
+            c.run_kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"-f={f}" for f in crds]) or True
+        ),
+        timeout=90,
+        what="the CRDs to be Established",
+        interval=0.5,
+    )
 
 
 @contextmanager
@@ -150,7 +158,11 @@ def namespace(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[str]
     """A fresh namespace enforcing the restricted Pod Security Standard; dumped if the test fails."""
     slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     ns = f"t-{slug}-{uuid.uuid4().hex[:5]}"
-    cluster.run_kubectl("apply", "-f", "-", input=f"""
+    cluster.run_kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=f"""
 apiVersion: v1
 kind: Namespace
 metadata:
@@ -159,7 +171,8 @@ metadata:
     pod-security.kubernetes.io/enforce: restricted
     pod-security.kubernetes.io/enforce-version: latest
     finetune.dev/test: "true"
-""")
+""",
+    )
     yield ns
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:

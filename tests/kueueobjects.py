@@ -37,8 +37,9 @@ def running_kueue(c: Cluster, api: client.ApiClient) -> Iterator[LocalKueue]:
     co = client.CustomObjectsApi(api)
     co.create_cluster_custom_object(*KQ, "resourceflavors", _object("ResourceFlavor", FLAVOR))
     for name, value in PRIORITIES.items():
-        co.create_cluster_custom_object(*KQ, "workloadpriorityclasses",
-                                        _object("WorkloadPriorityClass", name, value=value))
+        co.create_cluster_custom_object(
+            *KQ, "workloadpriorityclasses", _object("WorkloadPriorityClass", name, value=value)
+        )
     try:
         yield kq
     finally:
@@ -57,31 +58,50 @@ def create_queues(c: Cluster, api: client.ApiClient, ns: str, quota: dict[str, s
     within it) and LocalQueue ``team`` on it; returns the LocalQueue's name."""
     c.run_kubectl("label", "namespace", ns, f"{MANAGED[0]}={MANAGED[1]}")
     co = client.CustomObjectsApi(api)
-    co.create_cluster_custom_object(*KQ, "clusterqueues", _object("ClusterQueue", cluster_queue_name(ns), spec={
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-        "preemption": {"withinClusterQueue": "LowerPriority"},
-        "resourceGroups": [{"coveredResources": list(quota), "flavors": [{
-            "name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}]}]}))
+    co.create_cluster_custom_object(
+        *KQ,
+        "clusterqueues",
+        _object(
+            "ClusterQueue",
+            cluster_queue_name(ns),
+            spec={
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": list(quota),
+                        "flavors": [
+                            {"name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}
+                        ],
+                    }
+                ],
+            },
+        ),
+    )
     return create_local_queue(api, ns, LOCAL_QUEUE)
 
 
 def create_local_queue(api: client.ApiClient, ns: str, name: str) -> str:
     """LocalQueue ``name`` in ``ns`` on the namespace's ClusterQueue, once Kueue has taken it in (Active)."""
     co = client.CustomObjectsApi(api)
-    co.create_namespaced_custom_object(*KQ, ns, "localqueues", _object(
-        "LocalQueue", name, spec={"clusterQueue": cluster_queue_name(ns)}))
+    co.create_namespaced_custom_object(
+        *KQ, ns, "localqueues", _object("LocalQueue", name, spec={"clusterQueue": cluster_queue_name(ns)})
+    )
 
     def active() -> bool:
         lq = co.get_namespaced_custom_object(*KQ, ns, "localqueues", name)
-        return any(c["type"] == "Active" and c["status"] == "True" for c in (lq.get("status") or {}).get(
-            "conditions", []))
+        return any(
+            c["type"] == "Active" and c["status"] == "True" for c in (lq.get("status") or {}).get("conditions", [])
+        )
+
     wait_for(active, timeout=60, what=f"LocalQueue {ns}/{name} active")
     return name
 
 
 @contextmanager
-def namespace_queues(request: Any, kueue: LocalKueue, c: Cluster, api: client.ApiClient, *, ns: str,
-                     quota: dict[str, str]) -> Iterator[str]:
+def namespace_queues(
+    request: Any, kueue: LocalKueue, c: Cluster, api: client.ApiClient, *, ns: str, quota: dict[str, str]
+) -> Iterator[str]:
     """``create_queues`` for a test (``request``: its pytest request); when the test failed, Kueue's log and the
     namespace's Workloads are printed. At the end the ClusterQueue is deleted: it is cluster-scoped, while the
     namespace's deletion removes the pods, so (garbage collector) their Workloads, and the LocalQueue."""
@@ -120,14 +140,20 @@ class Kueue:
 
     def reservations(self, workload: str) -> int:
         """How often Kueue reserved quota for ``workload`` (its QuotaReserved events)."""
-        events = client.CoreV1Api(self.co.api_client).list_namespaced_event(
-            self.ns, field_selector=f"involvedObject.name={workload},reason=QuotaReserved").items
+        events = (
+            client.CoreV1Api(self.co.api_client)
+            .list_namespaced_event(self.ns, field_selector=f"involvedObject.name={workload},reason=QuotaReserved")
+            .items
+        )
         return sum(e.count or 1 for e in events)
 
     def reserving(self) -> list[str]:
         """The Workloads that hold quota now: reserved and not finished."""
-        return sorted(name for name in self.workloads()
-                      if self.condition(name, "QuotaReserved") and not self.condition(name, "Finished"))
+        return sorted(
+            name
+            for name in self.workloads()
+            if self.condition(name, "QuotaReserved") and not self.condition(name, "Finished")
+        )
 
     def reserved(self, resource: str) -> int:
         """How much of ``resource`` the namespace's ClusterQueue has reserved now (whole units)."""
@@ -141,12 +167,18 @@ class Kueue:
     def wait_reserved(self, resource: str, amount: int) -> None:
         """The ClusterQueue's reservation of ``resource`` reaches ``amount`` (Kueue writes its status a moment after
         it admits)."""
-        wait_for(lambda: self.reserved(resource) == amount, timeout=60,
-                 what=f"{amount} {resource} reserved in the ClusterQueue")
+        wait_for(
+            lambda: self.reserved(resource) == amount,
+            timeout=60,
+            what=f"{amount} {resource} reserved in the ClusterQueue",
+        )
 
 
 def queued_condition(jobs: Any, job: str, says: str = "", timeout: float = 60) -> dict[str, Any]:
     """Condition Queued=True once its message has Kueue's ``says`` (the operator re-reads the Workload every 10 s).
     ``jobs``: a tests.integration.harness.Jobs."""
-    return wait_for(lambda: (c := jobs.condition(job, "Queued")) and c["status"] == "True" and says in c["message"]
-                    and c, timeout=timeout, what=f"{job}: condition Queued=True saying {says!r}")
+    return wait_for(
+        lambda: (c := jobs.condition(job, "Queued")) and c["status"] == "True" and says in c["message"] and c,
+        timeout=timeout,
+        what=f"{job}: condition Queued=True saying {says!r}",
+    )

@@ -68,7 +68,10 @@ def start(items: list[pytest.Item], log: Path) -> subprocess.Popen[bytes] | None
     with log.open("wb") as out:
         return subprocess.Popen(
             ["nice", "-n", "19", "bash", "-c", " && ".join(f"bash {s}" for s in missing)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
         )
 
 

@@ -89,6 +89,7 @@ def save_tokenizer(
     special: dict[str, str],
     model_max_length: int,
     input_names: list[str],
+    *,
     chat_template: str | None = None,
 ) -> None:
     from transformers import PreTrainedTokenizerFast

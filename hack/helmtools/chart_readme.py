@@ -88,8 +88,14 @@ def render() -> str:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     raw = (CHART / "values.yaml").read_text()
     values = yaml.safe_load(raw)
-    out = [HEAD.format(description=" ".join(chart["description"].split()), version=chart["version"],
-                       app_version=chart["appVersion"], kube_version=chart.get("kubeVersion", "any"))]
+    out = [
+        HEAD.format(
+            description=" ".join(chart["description"].split()),
+            version=chart["version"],
+            app_version=chart["appVersion"],
+            kube_version=chart.get("kubeVersion", "any"),
+        )
+    ]
     for path, comment in _rows(raw.splitlines()):
         cell = comment.replace("|", "\\|").replace("<", "&lt;")
         out.append(f"| `{path}` | {_default(values, path)} | {cell} |\n")

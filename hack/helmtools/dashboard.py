@@ -164,7 +164,7 @@ def panels() -> list[dict[str, Any]]:
             [
                 _target(
                     "sum by (reason) (increase(finetune_operator_gang_restarts_total"
-                    "{finetune_namespace=~\"$namespace\"}[$__range]))",
+                    '{finetune_namespace=~"$namespace"}[$__range]))',
                     "{{reason}}",
                     instant=True,
                 )
@@ -223,8 +223,13 @@ def panels() -> list[dict[str, Any]]:
         _panel(
             "Operator: jobs by state",
             # max over the replicas per namespace (only the active one reconciles), then the namespaces' sum
-            [_target("sum by (state) (max by (finetune_namespace, state) "
-                     "(finetune_operator_jobs{finetune_namespace=~\"$namespace\"}))", "{{state}}")],
+            [
+                _target(
+                    "sum by (state) (max by (finetune_namespace, state) "
+                    '(finetune_operator_jobs{finetune_namespace=~"$namespace"}))',
+                    "{{state}}",
+                )
+            ],
             unit="none",
             desc="FineTuneJobs by state, as the active operator replica last reconciled them.",
         ),

@@ -58,8 +58,9 @@ def _served_by_pod_framework(webhook: dict[str, Any]) -> bool:
     return path.endswith("-v1-pod") or "-kueue-x-k8s-io-" in path
 
 
-def webhook_configurations(manifests: str, *, url: str, ca_bundle: str,
-                           managed: dict[str, Any]) -> list[dict[str, Any]]:
+def webhook_configurations(
+    manifests: str, *, url: str, ca_bundle: str, managed: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Kueue's webhook configurations, served at ``url``, with ``caBundle``; the pod webhooks scoped by the
     ``managed`` namespace selector (as Kueue's own managedJobsNamespaceSelector), the other frameworks' dropped."""
     out = []
@@ -86,18 +87,24 @@ def crds(crd_dir: Path, *, url: str, ca_bundle: str) -> list[dict[str, Any]]:
     for f in sorted(crd_dir.glob("*.yaml")):
         crd = yaml.safe_load(f.read_text())
         if len(crd["spec"]["versions"]) > 1:
-            crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
-                "clientConfig": {"url": f"{url}/convert", "caBundle": ca_bundle},
-                "conversionReviewVersions": ["v1"]}}
+            crd["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": {"url": f"{url}/convert", "caBundle": ca_bundle},
+                    "conversionReviewVersions": ["v1"],
+                },
+            }
         out.append(crd)
     return out
 
 
-def configuration(*, webhook_port: int, health_port: int, metrics_port: int, cert_dir: Path,
-                  managed: dict[str, Any]) -> dict[str, Any]:
+def configuration(
+    *, webhook_port: int, health_port: int, metrics_port: int, cert_dir: Path, managed: dict[str, Any]
+) -> dict[str, Any]:
     """Kueue's Configuration for the test tier: the pod integration only, in the namespaces ``managed`` selects."""
     return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
         "namespace": NAMESPACE,
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
@@ -124,23 +131,42 @@ class LocalKueue:
         self.health_port = 0
 
     def _kubectl(self, *args: str, stdin: str | None = None) -> str:
-        proc = subprocess.run([self.kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [self.kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=stdin, capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise KueueError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
 
     def _apply(self, objects: list[dict[str, Any]]) -> None:
-        self._kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
-                      stdin="\n---\n".join(json.dumps(o) for o in objects))
+        self._kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+            stdin="\n---\n".join(json.dumps(o) for o in objects),
+        )
 
     def _certificates(self) -> str:
         """A CA and a serving certificate for 127.0.0.1 (webhooks) and the metrics endpoint; returns the CA bundle."""
         pki = self.dir / "pki"
         pki.mkdir()
         _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key", cwd=pki)
-        _openssl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=finetune-kueue-ca", "-days", "30",
-                 "-out", "ca.crt", cwd=pki)
+        _openssl(
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=finetune-kueue-ca",
+            "-days",
+            "30",
+            "-out",
+            "ca.crt",
+            cwd=pki,
+        )
         _issue_cert(pki, "serving", "/CN=kueue-webhook", sans="IP:127.0.0.1,DNS:localhost", client=False)
         for d in ("webhook", "metrics"):
             (self.dir / d).mkdir()
@@ -156,25 +182,47 @@ class LocalKueue:
         self._apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
         definitions = crds(out / "crds", url=url, ca_bundle=ca_bundle)
         self._apply(definitions)
-        self._kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                      *[f"crd/{c['metadata']['name']}" for c in definitions])
+        self._kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            *[f"crd/{c['metadata']['name']}" for c in definitions],
+        )
         config = self.dir / "config.yaml"
-        config.write_text(yaml.safe_dump(configuration(
-            webhook_port=webhook_port, health_port=self.health_port, metrics_port=metrics_port,
-            cert_dir=self.dir / "webhook", managed=self.managed)))
+        config.write_text(
+            yaml.safe_dump(
+                configuration(
+                    webhook_port=webhook_port,
+                    health_port=self.health_port,
+                    metrics_port=metrics_port,
+                    cert_dir=self.dir / "webhook",
+                    managed=self.managed,
+                )
+            )
+        )
         log = open(self.dir / "kueue.log", "ab")  # noqa: SIM115 - owned by the child
         # A mount namespace of its own, where Kueue's fixed metrics certificate path is this run's directory.
-        script = (f"mkdir -p {METRICS_CERT_PATH} && mount --bind {self.dir / 'metrics'} {METRICS_CERT_PATH} && "
-                  f"exec {out / 'bin' / 'kueue'} --config={config} --zap-log-level=2 "
-                  "--feature-gates=VisibilityOnDemand=false")
-        self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, "KUBECONFIG": self.kubeconfig}, start_new_session=True)
+        script = (
+            f"mkdir -p {METRICS_CERT_PATH} && mount --bind {self.dir / 'metrics'} {METRICS_CERT_PATH} && "
+            f"exec {out / 'bin' / 'kueue'} --config={config} --zap-log-level=2 "
+            "--feature-gates=VisibilityOnDemand=false"
+        )
+        self.proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "KUBECONFIG": self.kubeconfig},
+            start_new_session=True,
+        )
         log.close()
         self._wait(lambda: self._http_ok(f"http://127.0.0.1:{self.health_port}/readyz"), "Kueue ready", timeout)
         self._wait(lambda: self._tls_up(webhook_port), "Kueue's webhook server", timeout)
-        self._apply(webhook_configurations((out / "webhook" / "manifests.yaml").read_text(), url=url,
-                                           ca_bundle=ca_bundle, managed=self.managed))
+        self._apply(
+            webhook_configurations(
+                (out / "webhook" / "manifests.yaml").read_text(), url=url, ca_bundle=ca_bundle, managed=self.managed
+            )
+        )
         return self
 
     def _wait(self, ready: Any, what: str, timeout: float) -> None:
@@ -216,8 +264,10 @@ class LocalKueue:
 
     def stop(self) -> None:
         """Stop Kueue, and remove its webhook configurations first (they fail closed without it)."""
-        for kind, name in (("mutatingwebhookconfiguration", "mutating-webhook-configuration"),
-                           ("validatingwebhookconfiguration", "validating-webhook-configuration")):
+        for kind, name in (
+            ("mutatingwebhookconfiguration", "mutating-webhook-configuration"),
+            ("validatingwebhookconfiguration", "validating-webhook-configuration"),
+        ):
             with contextlib.suppress(KueueError):
                 self._kubectl("delete", kind, "--ignore-not-found", name)
         if self.proc is not None:

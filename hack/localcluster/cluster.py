@@ -115,20 +115,50 @@ def _issue_cert(pki: Path, name: str, subject: str, *, sans: str | None = None, 
         ext.append(f"subjectAltName={sans}")
     (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
     _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-        "-days", "30", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=pki,
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.crt",
+        cwd=pki,
     )
 
 
 def generate_pki(pki: Path) -> None:
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key", cwd=pki)
-    _openssl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=finetune-local-ca", "-days", "30",
-             "-out", "ca.crt", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca.key",
+        "-subj",
+        "/CN=finetune-local-ca",
+        "-days",
+        "30",
+        "-out",
+        "ca.crt",
+        cwd=pki,
+    )
     _issue_cert(
-        pki, "apiserver", "/CN=kube-apiserver", client=False,
+        pki,
+        "apiserver",
+        "/CN=kube-apiserver",
+        client=False,
         sans=f"IP:127.0.0.1,IP:10.96.0.1,IP:{HOST_ADDRESS},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-             "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local",
+        "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local",
     )
     _issue_cert(pki, "admin", "/O=system:masters/CN=finetune-admin", client=True)
     _issue_cert(pki, "controller-manager", "/CN=system:kube-controller-manager", client=True)
@@ -149,10 +179,15 @@ def write_kubeconfig(path: Path, *, server: str, pki: Path, user: str) -> None:
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "finetune-local", "cluster": {
-            "server": server, "certificate-authority-data": b64("ca.crt")}}],
-        "users": [{"name": user, "user": {
-            "client-certificate-data": b64(f"{user}.crt"), "client-key-data": b64(f"{user}.key")}}],
+        "clusters": [
+            {"name": "finetune-local", "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate-data": b64(f"{user}.crt"), "client-key-data": b64(f"{user}.key")},
+            }
+        ],
         "contexts": [{"name": "finetune-local", "context": {"cluster": "finetune-local", "user": user}}],
         "current-context": "finetune-local",
     }
@@ -218,8 +253,14 @@ def log_tail(state_dir: Path, component: str, lines: int = 40) -> str:
 class LocalCluster:
     """Start, check and stop one local control plane whose state lives in ``state_dir``."""
 
-    def __init__(self, state_dir: Path | None = None, *, scheduler: bool = False,
-                 extra_controllers: tuple[str, ...] = (), nodes: bool = False) -> None:
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        *,
+        scheduler: bool = False,
+        extra_controllers: tuple[str, ...] = (),
+        nodes: bool = False,
+    ) -> None:
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="finetune-cluster-"))
         self.nodes = nodes  # real kubelets will join: serve them (and their pods) on HOST_ADDRESS
         self.scheduler = scheduler or nodes
@@ -269,78 +310,101 @@ class LocalCluster:
         if not (pki / "sa.pub").exists():
             generate_pki(pki)
         st = State(
-            dir=str(d), version=K8S_VERSION, api_port=free_port(), etcd_port=free_port(),
-            etcd_peer_port=free_port(), kcm_port=free_port(),
+            dir=str(d),
+            version=K8S_VERSION,
+            api_port=free_port(),
+            etcd_port=free_port(),
+            etcd_peer_port=free_port(),
+            kcm_port=free_port(),
             scheduler_port=free_port() if self.scheduler else 0,
             address=HOST_ADDRESS if self.nodes else "127.0.0.1",
         )
         self.state = st
         write_kubeconfig(d / "admin.kubeconfig", server=st.server, pki=pki, user="admin")
-        write_kubeconfig(d / "controller-manager.kubeconfig", server=st.server, pki=pki,
-                         user="controller-manager")
+        write_kubeconfig(d / "controller-manager.kubeconfig", server=st.server, pki=pki, user="controller-manager")
         write_kubeconfig(d / "scheduler.kubeconfig", server=st.server, pki=pki, user="scheduler")
         try:
-            self._spawn("etcd", [
-                str(bins / "etcd"), "--name=local", f"--data-dir={d / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{st.etcd_port}",
-                f"--advertise-client-urls=http://127.0.0.1:{st.etcd_port}",
-                f"--listen-peer-urls=http://127.0.0.1:{st.etcd_peer_port}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{st.etcd_peer_port}",
-                f"--initial-cluster=local=http://127.0.0.1:{st.etcd_peer_port}",
-                "--unsafe-no-fsync",  # tests and benchmarks only
-                "--log-level=warn",
-            ])
+            self._spawn(
+                "etcd",
+                [
+                    str(bins / "etcd"),
+                    "--name=local",
+                    f"--data-dir={d / 'etcd'}",
+                    f"--listen-client-urls=http://127.0.0.1:{st.etcd_port}",
+                    f"--advertise-client-urls=http://127.0.0.1:{st.etcd_port}",
+                    f"--listen-peer-urls=http://127.0.0.1:{st.etcd_peer_port}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{st.etcd_peer_port}",
+                    f"--initial-cluster=local=http://127.0.0.1:{st.etcd_peer_port}",
+                    "--unsafe-no-fsync",  # tests and benchmarks only
+                    "--log-level=warn",
+                ],
+            )
             self._wait(lambda: self._http_ok(f"http://127.0.0.1:{st.etcd_port}/health"), "etcd", t0, timeout)
-            self._spawn("kube-apiserver", [
-                str(bins / "kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{st.etcd_port}",
-                f"--bind-address={st.address}", f"--advertise-address={st.address}",
-                f"--secure-port={st.api_port}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                # Real kubelets: each may read and write only what its own pods need, as on any cluster.
-                "--authorization-mode=Node,RBAC" if self.nodes else "--authorization-mode=RBAC",
-                # as OpenShift: blockOwnerDeletion needs update on the owner's finalizers (the chart grants it)
-                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"
-                + (",NodeRestriction" if self.nodes else ""),
-                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-                *([f"--kubelet-certificate-authority={pki / 'ca.crt'}"] if self.nodes else []),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki / 'sa.pub'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # as kubeadm: reach a node's kubelet (the node agent's, for `kubectl logs`) at its InternalIP
-                "--kubelet-preferred-address-types=InternalIP,Hostname",
-                "--allow-privileged=false",
-                "--profiling=false",
-                "--v=1",
-            ])
+            self._spawn(
+                "kube-apiserver",
+                [
+                    str(bins / "kube-apiserver"),
+                    f"--etcd-servers=http://127.0.0.1:{st.etcd_port}",
+                    f"--bind-address={st.address}",
+                    f"--advertise-address={st.address}",
+                    f"--secure-port={st.api_port}",
+                    f"--tls-cert-file={pki / 'apiserver.crt'}",
+                    f"--tls-private-key-file={pki / 'apiserver.key'}",
+                    f"--client-ca-file={pki / 'ca.crt'}",
+                    # Real kubelets: each may read and write only what its own pods need, as on any cluster.
+                    "--authorization-mode=Node,RBAC" if self.nodes else "--authorization-mode=RBAC",
+                    # as OpenShift: blockOwnerDeletion needs update on the owner's finalizers (the chart grants it)
+                    "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"
+                    + (",NodeRestriction" if self.nodes else ""),
+                    f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                    f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                    *([f"--kubelet-certificate-authority={pki / 'ca.crt'}"] if self.nodes else []),
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    f"--service-account-key-file={pki / 'sa.pub'}",
+                    f"--service-account-signing-key-file={pki / 'sa.key'}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    # as kubeadm: reach a node's kubelet (the node agent's, for `kubectl logs`) at its InternalIP
+                    "--kubelet-preferred-address-types=InternalIP,Hostname",
+                    "--allow-privileged=false",
+                    "--profiling=false",
+                    "--v=1",
+                ],
+            )
             self._wait(self._api_ready, "kube-apiserver", t0, timeout)
-            self._spawn("kube-controller-manager", [
-                str(bins / "kube-controller-manager"),
-                f"--kubeconfig={d / 'controller-manager.kubeconfig'}",
-                f"--authentication-kubeconfig={d / 'controller-manager.kubeconfig'}",
-                f"--authorization-kubeconfig={d / 'controller-manager.kubeconfig'}",
-                f"--controllers={','.join(self.controllers)}",
-                "--bind-address=127.0.0.1", f"--secure-port={st.kcm_port}",
-                f"--root-ca-file={pki / 'ca.crt'}",
-                f"--service-account-private-key-file={pki / 'sa.key'}",
-                "--use-service-account-credentials=true",  # each controller as its own SA, as kubeadm does
-                "--leader-elect=false",
-                # Garbage collection and namespace deletion react within a second or two.
-                "--concurrent-gc-syncs=5", "--namespace-sync-period=10s",
-                "--v=1",
-            ])
+            self._spawn(
+                "kube-controller-manager",
+                [
+                    str(bins / "kube-controller-manager"),
+                    f"--kubeconfig={d / 'controller-manager.kubeconfig'}",
+                    f"--authentication-kubeconfig={d / 'controller-manager.kubeconfig'}",
+                    f"--authorization-kubeconfig={d / 'controller-manager.kubeconfig'}",
+                    f"--controllers={','.join(self.controllers)}",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={st.kcm_port}",
+                    f"--root-ca-file={pki / 'ca.crt'}",
+                    f"--service-account-private-key-file={pki / 'sa.key'}",
+                    "--use-service-account-credentials=true",  # each controller as its own SA, as kubeadm does
+                    "--leader-elect=false",
+                    # Garbage collection and namespace deletion react within a second or two.
+                    "--concurrent-gc-syncs=5",
+                    "--namespace-sync-period=10s",
+                    "--v=1",
+                ],
+            )
             if self.scheduler:
-                self._spawn("kube-scheduler", [
-                    str(bins / "kube-scheduler"),
-                    f"--kubeconfig={d / 'scheduler.kubeconfig'}",
-                    f"--authentication-kubeconfig={d / 'scheduler.kubeconfig'}",
-                    f"--authorization-kubeconfig={d / 'scheduler.kubeconfig'}",
-                    "--bind-address=127.0.0.1", f"--secure-port={st.scheduler_port}",
-                    "--leader-elect=false", "--v=1",
-                ])
+                self._spawn(
+                    "kube-scheduler",
+                    [
+                        str(bins / "kube-scheduler"),
+                        f"--kubeconfig={d / 'scheduler.kubeconfig'}",
+                        f"--authentication-kubeconfig={d / 'scheduler.kubeconfig'}",
+                        f"--authorization-kubeconfig={d / 'scheduler.kubeconfig'}",
+                        "--bind-address=127.0.0.1",
+                        f"--secure-port={st.scheduler_port}",
+                        "--leader-elect=false",
+                        "--v=1",
+                    ],
+                )
             self._wait(self._default_serviceaccount_exists, "kube-controller-manager", t0, timeout)
         except BaseException:
             self.stop(keep_logs=True)
@@ -361,8 +425,11 @@ class LocalCluster:
         while port_in_use(port) and time.monotonic() - t0 < timeout:
             time.sleep(0.05)
         self._spawn(name, self._argv[name])
-        ready = {"etcd": lambda: self._http_ok(f"http://127.0.0.1:{st.etcd_port}/health"),
-                 "kube-apiserver": self._api_ready, "kube-controller-manager": lambda: True}[name]
+        ready = {
+            "etcd": lambda: self._http_ok(f"http://127.0.0.1:{st.etcd_port}/health"),
+            "kube-apiserver": self._api_ready,
+            "kube-controller-manager": lambda: True,
+        }[name]
         self._wait(ready, name, t0, timeout)
         return time.monotonic() - t0
 
@@ -370,8 +437,9 @@ class LocalCluster:
         assert self.state
         self._argv[name] = argv
         log = open(self.state_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         log.close()
         self._procs[name] = proc
         self.state.pids[name] = proc.pid
@@ -386,7 +454,8 @@ class LocalCluster:
             if time.monotonic() - t0 > timeout:
                 raise ClusterError(
                     f"{component} not ready after {timeout:.0f}s; last lines of its log:\n"
-                    f"{log_tail(self.state_dir, component)}")
+                    f"{log_tail(self.state_dir, component)}"
+                )
             time.sleep(0.2)
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -464,14 +533,24 @@ def default_state_dir() -> Path:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m hack.localcluster",
-                                 description="A local control plane of real Kubernetes binaries.")
+    ap = argparse.ArgumentParser(
+        prog="python -m hack.localcluster", description="A local control plane of real Kubernetes binaries."
+    )
     ap.add_argument("command", choices=["build", "up", "down", "status"])
-    ap.add_argument("--dir", type=Path, default=default_state_dir(),
-                    help="state directory (default: $FINETUNE_CLUSTER_DIR or /tmp/finetune-cluster-$UID)")
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        default=default_state_dir(),
+        help="state directory (default: $FINETUNE_CLUSTER_DIR or /tmp/finetune-cluster-$UID)",
+    )
     ap.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
-    ap.add_argument("--nodes", type=int, default=0, metavar="N",
-                    help="also start N real nodes (kubelet + containerd; images built from the Dockerfiles)")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also start N real nodes (kubelet + containerd; images built from the Dockerfiles)",
+    )
     args = ap.parse_args(argv)
 
     if args.command == "build":
@@ -496,8 +575,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"cluster-up failed: {e}", file=sys.stderr)
                 return 1
             version = cluster.api_get("/version")["gitVersion"]
-            print(f"# control plane {version} up in {time.monotonic() - t0:.1f}s; logs in {args.dir}/logs",
-                  file=sys.stderr)
+            print(
+                f"# control plane {version} up in {time.monotonic() - t0:.1f}s; logs in {args.dir}/logs",
+                file=sys.stderr,
+            )
         print(f"export KUBECONFIG={cluster.kubeconfig}")
         return 0
     if args.command == "down":

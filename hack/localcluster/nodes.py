@@ -66,8 +66,17 @@ SYSCTLS = (
     "net/ipv4/conf/all/route_localnet",
 )
 # Paths a kubelet writes outside its --root-dir.
-HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/etc/cni", "/opt/cni",
-              "/run/netns", "/run/containerd", str(KUBELET_DIR))  # /run/netns: pod network namespaces (CRI)
+HOST_PATHS = (
+    "/var/lib/kubelet",
+    "/var/log/containers",
+    "/var/log/pods",
+    "/var/lib/cni",
+    "/etc/cni",
+    "/opt/cni",
+    "/run/netns",
+    "/run/containerd",
+    str(KUBELET_DIR),
+)  # /run/netns: pod network namespaces (CRI)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -118,8 +127,9 @@ def _iptables_rules(tool: str) -> list[str]:
     kept: list[str] = []
     for table in tables:
         chains = [line[1:].split() for line in table if line.startswith(":")]
-        trivial = (not any(line.startswith("-") for line in table)
-                   and all(c[0] in BUILTIN_CHAINS and c[1] == "ACCEPT" for c in chains))
+        trivial = not any(line.startswith("-") for line in table) and all(
+            c[0] in BUILTIN_CHAINS and c[1] == "ACCEPT" for c in chains
+        )
         if not trivial:
             kept += table
     return kept
@@ -194,8 +204,9 @@ class HostSnapshot:
             if a == b:
                 continue
             if isinstance(a, dict):
-                diffs += [f"{key} {k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-                          if a.get(k) != b.get(k)]
+                diffs += [
+                    f"{key} {k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+                ]
             else:
                 diffs += [f"{key} +{x}" for x in b if x not in a] + [f"{key} -{x}" for x in a if x not in b]
         return diffs
@@ -262,8 +273,14 @@ class NodeCluster:
     """A control plane (``LocalCluster(nodes=True)``) and ``count`` real nodes starting from ``image_store`` (the
     node store of ``hack/images/node-store.sh``), all under ``state_dir``."""
 
-    def __init__(self, state_dir: Path, *, count: int = 2, image_store: Path | None = None,
-                 extra_controllers: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        count: int = 2,
+        image_store: Path | None = None,
+        extra_controllers: tuple[str, ...] = (),
+    ) -> None:
         self.count = count
         self.image_store = image_store
         self.cluster = LocalCluster(Path(state_dir) / "control-plane", nodes=True, extra_controllers=extra_controllers)
@@ -328,8 +345,10 @@ class NodeCluster:
 
     def start(self, timeout: float = 120.0) -> NodesState:
         if any(link["ifname"] == CP_BRIDGE for link in json.loads(_run("ip", "-j", "link", "show"))):
-            raise ClusterError(f"real nodes already run on this machine (the bridge {CP_BRIDGE} exists); stop them "
-                               "with `python -m hack.localcluster down --dir DIR` (make cluster-down)")
+            raise ClusterError(
+                f"real nodes already run on this machine (the bridge {CP_BRIDGE} exists); stop them "
+                "with `python -m hack.localcluster down --dir DIR` (make cluster-down)"
+            )
         t0 = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -361,8 +380,14 @@ class NodeCluster:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         assert self.state
         log = open(self.log(name), "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         log.close()
         self.state.pids[name] = proc.pid
         self.state.save()
@@ -380,15 +405,31 @@ class NodeCluster:
         run.mkdir(parents=True, exist_ok=True)
         cni = d / "cni"
         (cni / "net.d").mkdir(parents=True, exist_ok=True)
-        (cni / "net.d" / "10-finetune.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": f"finetune-{name}",
-            "plugins": [
-                {"type": "bridge", "bridge": bridge(i), "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_subnet(i)}]],
-                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(cni / "ipam")}},
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-            ],
-        }, indent=1))
+        (cni / "net.d" / "10-finetune.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": f"finetune-{name}",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": bridge(i),
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": pod_subnet(i)}]],
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                                "dataDir": str(cni / "ipam"),
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                },
+                indent=1,
+            )
+        )
         pause = (self.image_store / "pause-image").read_text().strip() if self.image_store else "registry.k8s.io/pause"
         (d / "containerd.toml").write_text(f'''version = 2
 root = "{root}"
@@ -417,7 +458,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         Root = "{run}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
-    conf_dir = "{cni / 'net.d'}"
+    conf_dir = "{cni / "net.d"}"
 ''')
         with contextlib.suppress(FileNotFoundError):  # a socket left by a killed containerd (a lost node)
             self.socket(i).unlink()
@@ -438,39 +479,69 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if not (pki / f"{name}.crt").exists():
             _issue_cert(pki, name, f"/O=system:nodes/CN=system:node:{name}", client=True)
             _issue_cert(pki, f"{name}-serving", f"/CN={name}", sans=f"IP:{node_ip(i)},DNS:{name}", client=False)
-        write_kubeconfig(d / "kubelet.kubeconfig", server=self.cluster.state.server if self.cluster.state else "",
-                         pki=pki, user=name)
+        write_kubeconfig(
+            d / "kubelet.kubeconfig", server=self.cluster.state.server if self.cluster.state else "", pki=pki, user=name
+        )
         port, healthz = free_port(), free_port()
         self.state.kubelet_ports[name] = port
         (d / "resolv.conf").write_text("")  # pods get the cluster DNS only: this network has no upstream resolver
         config: dict[str, Any] = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{name}", "cgroupsPerQOS": True,
-            "address": node_ip(i), "port": port, "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": healthz,
-            "tlsCertFile": str(pki / f"{name}-serving.crt"), "tlsPrivateKeyFile": str(pki / f"{name}-serving.key"),
-            "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")},
-                               "webhook": {"enabled": False}, "anonymous": {"enabled": False}},
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{name}",
+            "cgroupsPerQOS": True,
+            "address": node_ip(i),
+            "port": port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": healthz,
+            "tlsCertFile": str(pki / f"{name}-serving.crt"),
+            "tlsPrivateKeyFile": str(pki / f"{name}-serving.key"),
+            "authentication": {
+                "x509": {"clientCAFile": str(pki / "ca.crt")},
+                "webhook": {"enabled": False},
+                "anonymous": {"enabled": False},
+            },
             "authorization": {"mode": "AlwaysAllow"},  # only clients with a certificate of the cluster's CA get in
-            "clusterDomain": CLUSTER_DOMAIN, "clusterDNS": [DNS_IP], "resolvConf": str(d / "resolv.conf"),
+            "clusterDomain": CLUSTER_DOMAIN,
+            "clusterDNS": [DNS_IP],
+            "resolvConf": str(d / "resolv.conf"),
             "containerRuntimeEndpoint": f"unix://{self.socket(i)}",
             "podLogsDir": str(d / "pod-logs"),
-            "failSwapOn": False, "maxOpenFiles": 20000, "protectKernelDefaults": False,
+            "failSwapOn": False,
+            "maxOpenFiles": 20000,
+            "protectKernelDefaults": False,
             # The images come from the store, never a registry: never collect them; no disk-pressure eviction on a
             # shared development disk (memory pressure still evicts).
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {
+                "memory.available": "100Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
             "serializeImagePulls": False,
             "shutdownGracePeriod": "0s",
             "staticPodPath": "",
         }
         (d / "kubelet.yaml").write_text(json.dumps(config, indent=1))
-        self._spawn(f"kubelet-{name}", [
-            str(BIN_DIR / "kubelet"), f"--config={d / 'kubelet.yaml'}", f"--kubeconfig={d / 'kubelet.kubeconfig'}",
-            f"--hostname-override={name}", f"--node-ip={node_ip(i)}", f"--root-dir={kd}",
-            f"--cert-dir={kd / 'pki'}", f"--node-labels=finetune.dev/local-node={i}", "--v=1",
-        ])
+        self._spawn(
+            f"kubelet-{name}",
+            [
+                str(BIN_DIR / "kubelet"),
+                f"--config={d / 'kubelet.yaml'}",
+                f"--kubeconfig={d / 'kubelet.kubeconfig'}",
+                f"--hostname-override={name}",
+                f"--node-ip={node_ip(i)}",
+                f"--root-dir={kd}",
+                f"--cert-dir={kd / 'pki'}",
+                f"--node-labels=finetune.dev/local-node={i}",
+                "--v=1",
+            ],
+        )
 
     def _start_kube_proxy(self, pki: Path) -> None:
         d = self.dir
@@ -479,16 +550,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         server = self.cluster.state.server if self.cluster.state else ""
         write_kubeconfig(d / "kube-proxy.kubeconfig", server=server, pki=pki, user="kube-proxy")
         config = {
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
             "clientConnection": {"kubeconfig": str(d / "kube-proxy.kubeconfig")},
-            "hostnameOverride": node_name(0), "mode": "iptables", "clusterCIDR": POD_CIDR,
+            "hostnameOverride": node_name(0),
+            "mode": "iptables",
+            "clusterCIDR": POD_CIDR,
             # Every node's pods share this host: masquerade, so a Service's reply always comes back through it.
             "iptables": {"masqueradeAll": True},
             # Leave the host's conntrack settings alone (this sandbox may not allow changing them).
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
             "nodePortAddresses": [f"{node_ip(0)}/32"],
             "bindAddress": "127.0.0.1",
-            "healthzBindAddress": f"127.0.0.1:{free_port()}", "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "healthzBindAddress": f"127.0.0.1:{free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
         }
         (d / "kube-proxy.yaml").write_text(json.dumps(config, indent=1))
         self._spawn("kube-proxy", [str(BIN_DIR / "kube-proxy"), f"--config={d / 'kube-proxy.yaml'}", "--v=1"])
@@ -534,42 +609,72 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         while True:
             self._check()
             nodes = json.loads(self._kubectl("get", "nodes", "-o", "json"))["items"]
-            ready = {n["metadata"]["name"] for n in nodes
-                     if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
-                     and not (untainted and any(t["key"].startswith("node.kubernetes.io/")
-                                                for t in n["spec"].get("taints") or []))}
+            ready = {
+                n["metadata"]["name"]
+                for n in nodes
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+                and not (
+                    untainted and any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints") or [])
+                )
+            }
             if want <= ready:
                 return
             if time.monotonic() - t0 > timeout:
-                raise ClusterError(f"nodes not Ready{' and untainted' if untainted else ''} after {timeout:.0f}s: "
-                                   f"{sorted(want - ready)}; see {self.dir}/logs")
+                raise ClusterError(
+                    f"nodes not Ready{' and untainted' if untainted else ''} after {timeout:.0f}s: "
+                    f"{sorted(want - ready)}; see {self.dir}/logs"
+                )
             time.sleep(0.5)
 
     def _storage(self) -> None:
         """The default StorageClass ``standard`` and local volumes on each node's disk."""
-        docs = [{
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-            "metadata": {"name": "standard",
-                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-            "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer",
-            "reclaimPolicy": "Delete",
-        }]
+        docs = [
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {
+                    "name": "standard",
+                    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+                },
+                "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": "WaitForFirstConsumer",
+                "reclaimPolicy": "Delete",
+            }
+        ]
         for i in range(self.count):
             for k in range(VOLUMES_PER_NODE):
                 path = self.node_dir(i) / "volumes" / f"pv-{k}"
                 path.mkdir(parents=True, exist_ok=True)
                 path.chmod(0o777)  # any pod's non-root user may write (local volumes get no fsGroup chown)
-                docs.append({
-                    "apiVersion": "v1", "kind": "PersistentVolume",
-                    "metadata": {"name": f"{node_name(i)}-pv-{k}", "labels": {"finetune.dev/local-node": str(i)}},
-                    "spec": {
-                        "capacity": {"storage": "20Gi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "standard",
-                        "local": {"path": str(path)},
-                        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                            {"key": "kubernetes.io/hostname", "operator": "In", "values": [node_name(i)]}]}]}},
-                    },
-                })
+                docs.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolume",
+                        "metadata": {"name": f"{node_name(i)}-pv-{k}", "labels": {"finetune.dev/local-node": str(i)}},
+                        "spec": {
+                            "capacity": {"storage": "20Gi"},
+                            "accessModes": ["ReadWriteOnce"],
+                            "persistentVolumeReclaimPolicy": "Retain",
+                            "storageClassName": "standard",
+                            "local": {"path": str(path)},
+                            "nodeAffinity": {
+                                "required": {
+                                    "nodeSelectorTerms": [
+                                        {
+                                            "matchExpressions": [
+                                                {
+                                                    "key": "kubernetes.io/hostname",
+                                                    "operator": "In",
+                                                    "values": [node_name(i)],
+                                                }
+                                            ]
+                                        }
+                                    ]
+                                }
+                            },
+                        },
+                    }
+                )
         self._kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
 
     def shared_claim(self, namespace: str, name: str, host_dir: Path, *, read_only: bool = False) -> None:
@@ -581,23 +686,64 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             d.chmod(0o777)
         mode = "ReadOnlyMany" if read_only else "ReadWriteMany"
         pv = f"{namespace}-{name}"[:63]
-        self._kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
-            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-             "spec": {"capacity": {"storage": "10Gi"}, "accessModes": [mode], "storageClassName": "",
-                      "persistentVolumeReclaimPolicy": "Retain",
-                      "hostPath": {"path": str(host_dir), "type": "Directory"},
-                      "claimRef": {"namespace": namespace, "name": name}}},
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
-             "spec": {"accessModes": [mode], "storageClassName": "", "volumeName": pv,
-                      "resources": {"requests": {"storage": "10Gi"}}}},
-        ]}))
+        self._kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "List",
+                    "items": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "PersistentVolume",
+                            "metadata": {"name": pv},
+                            "spec": {
+                                "capacity": {"storage": "10Gi"},
+                                "accessModes": [mode],
+                                "storageClassName": "",
+                                "persistentVolumeReclaimPolicy": "Retain",
+                                "hostPath": {"path": str(host_dir), "type": "Directory"},
+                                "claimRef": {"namespace": namespace, "name": name},
+                            },
+                        },
+                        {
+                            "apiVersion": "v1",
+                            "kind": "PersistentVolumeClaim",
+                            "metadata": {"name": name, "namespace": namespace},
+                            "spec": {
+                                "accessModes": [mode],
+                                "storageClassName": "",
+                                "volumeName": pv,
+                                "resources": {"requests": {"storage": "10Gi"}},
+                            },
+                        },
+                    ],
+                }
+            ),
+        )
 
     @contextlib.contextmanager
     def partition(self, a: int, b: int) -> Iterator[None]:
         """Cut the network between the pods of node ``a`` and node ``b`` (both directions; a firewall rule on the
         host, which routes between the node bridges), as a broken switch would; healed on exit."""
-        rules = [["FORWARD", "-s", pod_subnet(x), "-d", pod_subnet(y), "-j", "DROP",
-                  "-m", "comment", "--comment", "finetune partition"] for x, y in ((a, b), (b, a))]
+        rules = [
+            [
+                "FORWARD",
+                "-s",
+                pod_subnet(x),
+                "-d",
+                pod_subnet(y),
+                "-j",
+                "DROP",
+                "-m",
+                "comment",
+                "--comment",
+                "finetune partition",
+            ]
+            for x, y in ((a, b), (b, a))
+        ]
         for rule in rules:
             _run("iptables", "-I", *rule)
         try:
@@ -645,8 +791,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     @staticmethod
     def _lost_rules(i: int) -> list[list[str]]:
-        return [["FORWARD", flag, pod_subnet(i), "-j", "DROP", "-m", "comment", "--comment", "finetune node lost"]
-                for flag in ("-s", "-d")]
+        return [
+            ["FORWARD", flag, pod_subnet(i), "-j", "DROP", "-m", "comment", "--comment", "finetune node lost"]
+            for flag in ("-s", "-d")
+        ]
 
     def stop(self) -> None:
         """Stop every node component, remove what they left (containers, mounts, network namespaces, cgroups, links,
@@ -709,7 +857,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         snapshot = self.dir / "host-before.json"
         before = set(HostSnapshot.load(snapshot).mounts) if snapshot.exists() else set()
         netns = Path("/run/netns")
-        for ns in (netns.glob("cni-*") if netns.exists() else []):
+        for ns in netns.glob("cni-*") if netns.exists() else []:
             if str(ns) not in before:
                 subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
 
@@ -759,8 +907,17 @@ def _node_processes() -> list[str]:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if any(mark in cmd for mark in (str(RUN_DIR), str(KUBELET_DIR), "--hostname-override=ftn-node-",
-                                        "/nodes/ftn-node-", "/nodes/kube-proxy.yaml", "/nodes/Corefile")):
+        if any(
+            mark in cmd
+            for mark in (
+                str(RUN_DIR),
+                str(KUBELET_DIR),
+                "--hostname-override=ftn-node-",
+                "/nodes/ftn-node-",
+                "/nodes/kube-proxy.yaml",
+                "/nodes/Corefile",
+            )
+        ):
             found.append(cmd[:200])
     return sorted(found)
 
@@ -832,8 +989,11 @@ def nodes_main(command: str, state_dir: Path, count: int) -> int:
         except ClusterError as e:
             print(f"cluster-up failed: {e}", file=sys.stderr)
             return 1
-        print(f"# control plane and {count} real nodes up in {time.monotonic() - t0:.1f}s; logs in "
-              f"{nc.cluster.state_dir}/logs and {nc.dir}/logs", file=sys.stderr)
+        print(
+            f"# control plane and {count} real nodes up in {time.monotonic() - t0:.1f}s; logs in "
+            f"{nc.cluster.state_dir}/logs and {nc.dir}/logs",
+            file=sys.stderr,
+        )
         print(f"export KUBECONFIG={nc.kubeconfig}")
         return 0
     if command == "down":

@@ -20,8 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-venv", help="the virtualenv standing in for the trainer image")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s nodeagent %(levelname)s %(message)s")
-    agent = NodeAgent(args.kubeconfig, node_name=args.node, claims_dir=args.claims_dir, namespace=args.namespace,
-                      state_dir=args.state_dir, image_venv=args.image_venv)
+    agent = NodeAgent(
+        args.kubeconfig,
+        node_name=args.node,
+        claims_dir=args.claims_dir,
+        namespace=args.namespace,
+        state_dir=args.state_dir,
+        image_venv=args.image_venv,
+    )
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

@@ -50,8 +50,11 @@ def default_image_venv() -> Path:
     if (here / "finetune-trainer").exists():
         return here.parent
     root = Path(__file__).resolve().parents[2]
-    return Path(subprocess.run(["bash", str(root / ".ci" / "venv.sh"), "--path"], capture_output=True, text=True,
-                               check=True).stdout.strip())
+    return Path(
+        subprocess.run(
+            ["bash", str(root / ".ci" / "venv.sh"), "--path"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
 
 
 @dataclass
@@ -172,8 +175,9 @@ class NodeAgent:
             t = threading.Thread(target=target, name=f"nodeagent-{target.__name__}", daemon=True)
             t.start()
             self._threads.append(t)
-        log.info("node %s ready, pods on %s.0/24, state in %s", self.node_name, self.bridge.gateway[:-2],
-                 self.state_dir)
+        log.info(
+            "node %s ready, pods on %s.0/24, state in %s", self.node_name, self.bridge.gateway[:-2], self.state_dir
+        )
         return self
 
     def stop(self, *, delete_pods: bool = True) -> None:
@@ -209,38 +213,84 @@ class NodeAgent:
     def _node_status(self) -> dict[str, Any]:
         ts = now()
         cond = [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "local node agent is ready",
-             "lastHeartbeatTime": ts, "lastTransitionTime": ts},
-            *({"type": t, "status": "False", "reason": f"KubeletHas{r}", "message": "",
-               "lastHeartbeatTime": ts, "lastTransitionTime": ts}
-              for t, r in (("MemoryPressure", "SufficientMemory"), ("DiskPressure", "NoDiskPressure"),
-                           ("PIDPressure", "SufficientPID"))),
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "local node agent is ready",
+                "lastHeartbeatTime": ts,
+                "lastTransitionTime": ts,
+            },
+            *(
+                {
+                    "type": t,
+                    "status": "False",
+                    "reason": f"KubeletHas{r}",
+                    "message": "",
+                    "lastHeartbeatTime": ts,
+                    "lastTransitionTime": ts,
+                }
+                for t, r in (
+                    ("MemoryPressure", "SufficientMemory"),
+                    ("DiskPressure", "NoDiskPressure"),
+                    ("PIDPressure", "SufficientPID"),
+                )
+            ),
         ]
         cap = {"cpu": self.cpu, "memory": self.memory, "pods": "110", "ephemeral-storage": "50Gi"}
-        return {"conditions": cond, "capacity": cap, "allocatable": cap,
-                "addresses": [{"type": "InternalIP", "address": self.bridge.gateway},
-                              {"type": "Hostname", "address": self.node_name}],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_api.port if self.kubelet_api else 0}},
-                "nodeInfo": {"kubeletVersion": "local-node-agent", "containerRuntimeVersion": "local-processes://0",
-                             "operatingSystem": "linux", "architecture": "amd64", "kernelVersion": os.uname().release,
-                             "osImage": "local", "kubeProxyVersion": "", "machineID": "", "systemUUID": "",
-                             "bootID": ""}}
+        return {
+            "conditions": cond,
+            "capacity": cap,
+            "allocatable": cap,
+            "addresses": [
+                {"type": "InternalIP", "address": self.bridge.gateway},
+                {"type": "Hostname", "address": self.node_name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_api.port if self.kubelet_api else 0}},
+            "nodeInfo": {
+                "kubeletVersion": "local-node-agent",
+                "containerRuntimeVersion": "local-processes://0",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "kernelVersion": os.uname().release,
+                "osImage": "local",
+                "kubeProxyVersion": "",
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        }
 
     def _register_node(self) -> None:
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": self.node_name,
-            "labels": {"kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", "finetune.dev/local-node-agent": "true"}}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node_name,
+                "labels": {
+                    "kubernetes.io/hostname": self.node_name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "finetune.dev/local-node-agent": "true",
+                },
+            },
+        }
         try:
             self.core.create_node(body)
         except ApiException as e:
             if e.status != 409:
                 raise
         self.core.patch_node_status(self.node_name, {"status": self._node_status()})
-        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                 "metadata": {"name": self.node_name, "namespace": "kube-node-lease"},
-                 "spec": {"holderIdentity": self.node_name, "leaseDurationSeconds": 40,
-                          "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.node_name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": self.node_name,
+                "leaseDurationSeconds": 40,
+                "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
         try:
             self.coord.create_namespaced_lease("kube-node-lease", lease)
         except ApiException as e:
@@ -250,8 +300,11 @@ class NodeAgent:
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_seconds):
             try:
-                self.coord.patch_namespaced_lease(self.node_name, "kube-node-lease", {"spec": {
-                    "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}})
+                self.coord.patch_namespaced_lease(
+                    self.node_name,
+                    "kube-node-lease",
+                    {"spec": {"renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}},
+                )
                 self.core.patch_node_status(self.node_name, {"status": self._node_status()})
             except Exception as e:
                 log.warning("heartbeat failed: %s", e)
@@ -294,8 +347,9 @@ class NodeAgent:
                 elif not run.terminating:
                     run.terminating = True
                     grace = pod.metadata.deletion_grace_period_seconds
-                    threading.Thread(target=self._delete_flow, args=(run, grace if grace is not None else run.grace),
-                                     daemon=True).start()
+                    threading.Thread(
+                        target=self._delete_flow, args=(run, grace if grace is not None else run.grace), daemon=True
+                    ).start()
                 continue
             if run is None:
                 if pod.status.phase in ("Succeeded", "Failed"):
@@ -303,8 +357,7 @@ class NodeAgent:
                 run = self._admit(pod)
             if run.proc is None and not run.finished:
                 self._try_start(run, pod)
-            elif (run.proc is not None and run.exit_code is None and not run.terminating
-                  and run.proc.poll() is not None):
+            elif run.proc is not None and run.exit_code is None and not run.terminating and run.proc.poll() is not None:
                 self._on_exit(run)
         # pods that vanished (force-deleted by someone else): clean up
         with self._lock:
@@ -315,11 +368,14 @@ class NodeAgent:
         self._refresh_hosts()
 
     def _bind(self, pod: Any) -> None:
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.metadata.name, uid=pod.metadata.uid),
-                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node_name))
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod.metadata.name, uid=pod.metadata.uid),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node_name),
+        )
         try:
-            self.core.create_namespaced_pod_binding(pod.metadata.name, pod.metadata.namespace, body,
-                                                    _preload_content=False)
+            self.core.create_namespaced_pod_binding(
+                pod.metadata.name, pod.metadata.namespace, body, _preload_content=False
+            )
             log.info("bound %s/%s", pod.metadata.namespace, pod.metadata.name)
         except ApiException as e:
             if e.status not in (404, 409):
@@ -333,9 +389,16 @@ class NodeAgent:
         pdir = self.state_dir / "pods" / f"{ns}_{name}_{uid[:8]}"
         pdir.mkdir(parents=True, exist_ok=True)
         run = PodRun(
-            namespace=ns, name=name, uid=uid, hostname=pod.spec.hostname or name, subdomain=pod.spec.subdomain,
-            container=c.name, image=c.image or "", grace=int(pod.spec.termination_grace_period_seconds or 30),
-            fallback_to_logs=(c.termination_message_policy == "FallbackToLogsOnError"), dir=pdir,
+            namespace=ns,
+            name=name,
+            uid=uid,
+            hostname=pod.spec.hostname or name,
+            subdomain=pod.spec.subdomain,
+            container=c.name,
+            image=c.image or "",
+            grace=int(pod.spec.termination_grace_period_seconds or 30),
+            fallback_to_logs=(c.termination_message_policy == "FallbackToLogsOnError"),
+            dir=pdir,
             log_path=self.state_dir / "logs" / f"{ns}_{name}_{uid[:8]}.log",
         )
         with self._lock:
@@ -354,8 +417,7 @@ class NodeAgent:
         if run.proc is None:
             return 400, f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
         proc = run.proc
-        return LogSource(run.log_path, started=True,
-                         running=lambda: run.exit_code is None and proc.poll() is None)
+        return LogSource(run.log_path, started=True, running=lambda: run.exit_code is None and proc.poll() is None)
 
     def _lookup(self, kind: str, ns: str, name: str, key: str | None) -> dict[str, str] | str | None:
         try:
@@ -399,9 +461,13 @@ class NodeAgent:
                 env[e.name] = str(val)
             elif vf.field_ref:
                 path = vf.field_ref.field_path
-                env[e.name] = {"metadata.name": run.name, "metadata.namespace": run.namespace,
-                               "metadata.uid": run.uid, "status.podIP": run.ip or "",
-                               "spec.nodeName": self.node_name}.get(path, "")
+                env[e.name] = {
+                    "metadata.name": run.name,
+                    "metadata.namespace": run.namespace,
+                    "metadata.uid": run.uid,
+                    "status.podIP": run.ip or "",
+                    "spec.nodeName": self.node_name,
+                }.get(path, "")
         return env
 
     def _volumes(self, run: PodRun, pod: Any) -> dict[str, tuple[str, str | None]]:
@@ -418,8 +484,10 @@ class NodeAgent:
                     if src.optional:
                         data = {}
                     else:
-                        raise _MountError(f"{'configmap' if v.config_map else 'secret'} "
-                                          f"{src.name if v.config_map else src.secret_name!r} not found")
+                        raise _MountError(
+                            f"{'configmap' if v.config_map else 'secret'} "
+                            f"{src.name if v.config_map else src.secret_name!r} not found"
+                        )
                 assert isinstance(data, dict)
                 target.mkdir(parents=True, exist_ok=True)
                 items = src.items or [client.V1KeyToPath(key=k, path=k) for k in data]
@@ -451,10 +519,12 @@ class NodeAgent:
         """The service account token volume (kube-api-access-*): token, ca.crt, namespace."""
         for src in proj.sources or []:
             if src.service_account_token is not None:
-                req = {"spec": {"audiences": [], "expirationSeconds": src.service_account_token.expiration_seconds
-                                or 3600}}
+                req = {
+                    "spec": {"audiences": [], "expirationSeconds": src.service_account_token.expiration_seconds or 3600}
+                }
                 tok = self.core.create_namespaced_service_account_token(
-                    pod.spec.service_account_name or "default", run.namespace, req)
+                    pod.spec.service_account_name or "default", run.namespace, req
+                )
                 (target / src.service_account_token.path).write_text(tok.status.token)
             elif src.config_map is not None:
                 data = self._lookup("configMap", run.namespace, src.config_map.name, None) or {}
@@ -479,8 +549,10 @@ class NodeAgent:
         etc_hostname = run.dir / "etc-hostname"
         etc_hostname.write_text(run.hostname + "\n")
         resolv = run.dir / "etc-resolv.conf"
-        resolv.write_text(f"search {run.namespace}.svc.cluster.local svc.cluster.local cluster.local\n"
-                          "nameserver 127.0.0.1\noptions ndots:5 timeout:1 attempts:1\n")
+        resolv.write_text(
+            f"search {run.namespace}.svc.cluster.local svc.cluster.local cluster.local\n"
+            "nameserver 127.0.0.1\noptions ndots:5 timeout:1 attempts:1\n"
+        )
         plan: list[tuple[str, str, bool, bool, str | None]] = []  # (source, target, is_dir, ro, tmpfs size)
         # Files the image ships at a fixed path: the trainer package's samples, as the images link them
         # (trainer-image/Dockerfile*); first, so a volume may still mount over them.
@@ -492,8 +564,12 @@ class NodeAgent:
             if src != "tmpfs" and m.sub_path:
                 src = os.path.join(src, m.sub_path)
             plan.append((src, m.mount_path, src == "tmpfs" or os.path.isdir(src), bool(m.read_only), size))
-        for src_path, dst in ((term, c.termination_message_path or TERMINATION_LOG), (run.hosts_file, "/etc/hosts"),
-                              (etc_hostname, "/etc/hostname"), (resolv, "/etc/resolv.conf")):
+        for src_path, dst in (
+            (term, c.termination_message_path or TERMINATION_LOG),
+            (run.hosts_file, "/etc/hosts"),
+            (etc_hostname, "/etc/hostname"),
+            (resolv, "/etc/resolv.conf"),
+        ):
             plan.append((str(src_path), dst, False, False, None))
         lines = ["set -e", f"hostname {q(run.hostname)}", f"mount -t tmpfs -o size=1m tmpfs {STAGE}"]
         for i, (src, _, is_dir, _, _) in enumerate(plan):
@@ -526,47 +602,88 @@ class NodeAgent:
             return
         argv = list(c.command or []) + list(c.args or [])
         if not argv:
-            self._report_waiting(run, "CreateContainerError",
-                                 "no command: the local node agent has no image ENTRYPOINT")
+            self._report_waiting(
+                run, "CreateContainerError", "no command: the local node agent has no image ENTRYPOINT"
+            )
             return
         run.net = PodNetwork(self.bridge).create()
         self._write_hosts(run)
         script = self._setup_script(run, pod, c, volumes)
-        cmd = ["nsenter", f"--net={run.net.netns_path}", "--",
-               "unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc",
-               "--propagation", "private", "--", "/bin/sh", "-c", script, "pod-init", *argv]
+        cmd = [
+            "nsenter",
+            f"--net={run.net.netns_path}",
+            "--",
+            "unshare",
+            "--mount",
+            "--uts",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+            "pod-init",
+            *argv,
+        ]
         with open(run.log_path, "ab") as out:
-            run.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=env, start_new_session=True, cwd="/")
+            run.proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                cwd="/",
+            )
         run.started_at = now()
         log.info("started %s (%s) pid %d", run.key, run.ip, run.proc.pid)
-        self._patch_status(run, {
-            "phase": "Running", "hostIP": self.bridge.gateway, "podIP": run.ip, "podIPs": [{"ip": run.ip}],
-            "startTime": run.started_at,
-            "conditions": self._conditions(ready=True),
-            "containerStatuses": [self._cstatus(run, {"running": {"startedAt": run.started_at}}, ready=True)],
-        })
+        self._patch_status(
+            run,
+            {
+                "phase": "Running",
+                "hostIP": self.bridge.gateway,
+                "podIP": run.ip,
+                "podIPs": [{"ip": run.ip}],
+                "startTime": run.started_at,
+                "conditions": self._conditions(ready=True),
+                "containerStatuses": [self._cstatus(run, {"running": {"startedAt": run.started_at}}, ready=True)],
+            },
+        )
 
     # ------------------------------------------------------------------ status
 
     def _conditions(self, *, ready: bool) -> list[dict[str, Any]]:
         ts = now()
         r = "True" if ready else "False"
-        return [{"type": "Initialized", "status": "True", "lastTransitionTime": ts},
-                {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": ts},
-                {"type": "ContainersReady", "status": r, "lastTransitionTime": ts},
-                {"type": "Ready", "status": r, "lastTransitionTime": ts},
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts}]
+        return [
+            {"type": "Initialized", "status": "True", "lastTransitionTime": ts},
+            {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": ts},
+            {"type": "ContainersReady", "status": r, "lastTransitionTime": ts},
+            {"type": "Ready", "status": r, "lastTransitionTime": ts},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts},
+        ]
 
     def _cstatus(self, run: PodRun, state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
-        return {"name": run.container, "image": run.image, "imageID": f"local://{self.venv_for(run.image)}",
-                "containerID": f"local://{run.uid}", "ready": ready, "started": "running" in state,
-                "restartCount": 0, "state": state}
+        return {
+            "name": run.container,
+            "image": run.image,
+            "imageID": f"local://{self.venv_for(run.image)}",
+            "containerID": f"local://{run.uid}",
+            "ready": ready,
+            "started": "running" in state,
+            "restartCount": 0,
+            "state": state,
+        }
 
     def _patch_status(self, run: PodRun, status: dict[str, Any]) -> None:
         try:
-            self.core.patch_namespaced_pod_status(run.name, run.namespace, {"metadata": {"uid": run.uid},
-                                                                           "status": status})
+            self.core.patch_namespaced_pod_status(
+                run.name, run.namespace, {"metadata": {"uid": run.uid}, "status": status}
+            )
         except ApiException as e:
             if e.status not in (404, 409, 422):
                 raise
@@ -575,9 +692,16 @@ class NodeAgent:
         if run.waiting_reason == reason + message:
             return
         run.waiting_reason = reason + message
-        self._patch_status(run, {"phase": "Pending", "conditions": self._conditions(ready=False),
-                                 "containerStatuses": [self._cstatus(
-                                     run, {"waiting": {"reason": reason, "message": message}}, ready=False)]})
+        self._patch_status(
+            run,
+            {
+                "phase": "Pending",
+                "conditions": self._conditions(ready=False),
+                "containerStatuses": [
+                    self._cstatus(run, {"waiting": {"reason": reason, "message": message}}, ready=False)
+                ],
+            },
+        )
 
     def _termination_message(self, run: PodRun, code: int) -> str:
         msg = ""
@@ -585,7 +709,7 @@ class NodeAgent:
             msg = (run.dir / "termination-log").read_text(errors="replace")[:MAX_MESSAGE]
         if not msg.strip() and code != 0 and run.fallback_to_logs:
             with contextlib.suppress(OSError):
-                tail = run.log_path.read_bytes()[-64 * 1024:].decode(errors="replace").splitlines()[-FALLBACK_LINES:]
+                tail = run.log_path.read_bytes()[-64 * 1024 :].decode(errors="replace").splitlines()[-FALLBACK_LINES:]
                 msg = "\n".join(tail)[-FALLBACK_BYTES:]
         return msg
 
@@ -597,17 +721,26 @@ class NodeAgent:
             rc = run.proc.wait()
             run.exit_code = rc if rc >= 0 else 128 - rc
         code = run.exit_code  # killed by signal N: 128+N, as container runtimes report
-        term: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": run.started_at, "finishedAt": now(),
-                                "containerID": f"local://{run.uid}"}
+        term: dict[str, Any] = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": run.started_at,
+            "finishedAt": now(),
+            "containerID": f"local://{run.uid}",
+        }
         msg = self._termination_message(run, code)
         if msg:
             term["message"] = msg
         log.info("%s exited %d", run.key, code)
         run.finished = True
-        self._patch_status(run, {"phase": "Succeeded" if code == 0 else "Failed",
-                                 "conditions": self._conditions(ready=False),
-                                 "containerStatuses": [self._cstatus(run, {"terminated": term}, ready=False)]})
+        self._patch_status(
+            run,
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "conditions": self._conditions(ready=False),
+                "containerStatuses": [self._cstatus(run, {"terminated": term}, ready=False)],
+            },
+        )
         if run.net:  # a finished pod keeps no IP in DNS (publishNotReadyAddresses covers only live pods)
             run.net.delete()
             run.net = None
@@ -689,10 +822,12 @@ class NodeAgent:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
         own_fqdn = []
         if run.subdomain:
-            own_fqdn = [f"{run.hostname}.{run.subdomain}.{run.namespace}.svc.cluster.local",
-                        f"{run.hostname}.{run.subdomain}.{run.namespace}.svc",
-                        f"{run.hostname}.{run.subdomain}.{run.namespace}",
-                        f"{run.hostname}.{run.subdomain}"]
+            own_fqdn = [
+                f"{run.hostname}.{run.subdomain}.{run.namespace}.svc.cluster.local",
+                f"{run.hostname}.{run.subdomain}.{run.namespace}.svc",
+                f"{run.hostname}.{run.subdomain}.{run.namespace}",
+                f"{run.hostname}.{run.subdomain}",
+            ]
         lines.append(f"{run.ip}\t{' '.join([*own_fqdn, run.hostname])}")
         services = self._service_names(run.namespace)
         for other in runs:

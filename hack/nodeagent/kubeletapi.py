@@ -27,9 +27,28 @@ def self_signed(directory: Path, address: str) -> tuple[Path, Path]:
     """A serving certificate for ``address`` (openssl, as the local cluster's PKI)."""
     crt, key = directory / "kubelet.crt", directory / "kubelet.key"
     if not crt.exists():
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-                        "-subj", "/CN=local-node-agent", "-addext", f"subjectAltName=IP:{address}",
-                        "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "30",
+                "-subj",
+                "/CN=local-node-agent",
+                "-addext",
+                f"subjectAltName=IP:{address}",
+                "-keyout",
+                str(key),
+                "-out",
+                str(crt),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return crt, key
 
 
@@ -55,8 +74,9 @@ class KubeletApi:
     """An HTTPS server on ``address``:<free port> in a thread. ``lookup(namespace, pod, container)`` gives the
     container's :class:`LogSource`, or a string saying why there is none (answered 404/400 as the kubelet does)."""
 
-    def __init__(self, address: str, state_dir: Path,
-                 lookup: Callable[[str, str, str], LogSource | tuple[int, str]]) -> None:
+    def __init__(
+        self, address: str, state_dir: Path, lookup: Callable[[str, str, str], LogSource | tuple[int, str]]
+    ) -> None:
         self.address, self.lookup = address, lookup
         crt, key = self_signed(state_dir, address)
         server = self
@@ -89,9 +109,13 @@ class KubeletApi:
                     self._plain(*found)
                     return
                 q = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                server.stream(self, found, follow=q.get("follow") == "true",
-                              tail=int(q["tailLines"]) if q.get("tailLines") else None,
-                              limit=int(q["limitBytes"]) if q.get("limitBytes") else None)
+                server.stream(
+                    self,
+                    found,
+                    follow=q.get("follow") == "true",
+                    tail=int(q["tailLines"]) if q.get("tailLines") else None,
+                    limit=int(q["limitBytes"]) if q.get("limitBytes") else None,
+                )
 
         self.httpd = ThreadingHTTPServer((address, 0), Handler)
         self.httpd.daemon_threads = True
@@ -111,8 +135,9 @@ class KubeletApi:
         self.httpd.server_close()
 
     @staticmethod
-    def stream(handler: BaseHTTPRequestHandler, src: LogSource, *, follow: bool, tail: int | None,
-               limit: int | None) -> None:
+    def stream(
+        handler: BaseHTTPRequestHandler, src: LogSource, *, follow: bool, tail: int | None, limit: int | None
+    ) -> None:
         """The log as a chunked body; with ``follow``, new bytes as they come until the container ends."""
         handler.send_response(200)
         handler.send_header("Content-Type", "text/plain")
@@ -123,7 +148,7 @@ class KubeletApi:
         def send(data: bytes) -> bool:
             nonlocal sent
             if limit is not None:
-                data = data[:max(0, limit - sent)]
+                data = data[: max(0, limit - sent)]
             if data:
                 handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 handler.wfile.flush()

@@ -63,13 +63,19 @@ def check_claims(job: str, spec: JobSpec, claims: dict[str, dict[str, Any]]) -> 
             continue
         modes = access_modes(pvc)
         if modes and not {"ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"} & set(modes):
-            return Violation("InvalidSpec", f"{field_path}: claim {name} is read-only ({', '.join(modes)}); the "
-                             "trainer writes into it: use a ReadWriteMany claim")
+            return Violation(
+                "InvalidSpec",
+                f"{field_path}: claim {name} is read-only ({', '.join(modes)}); the "
+                "trainer writes into it: use a ReadWriteMany claim",
+            )
         if spec.nodes > 1 and modes and "ReadWriteMany" not in modes:
-            return Violation("InvalidSpec", f"{field_path}: claim {name} is {', '.join(modes)} but the job's "
-                             f"{spec.nodes} nodes must all mount it; use a ReadWriteMany claim (NFS, CephFS, EFS, "
-                             "Filestore, Azure Files, …), let the operator create one with "
-                             "spec.output.volumeClaimTemplate, or run on 1 node")
+            return Violation(
+                "InvalidSpec",
+                f"{field_path}: claim {name} is {', '.join(modes)} but the job's "
+                f"{spec.nodes} nodes must all mount it; use a ReadWriteMany claim (NFS, CephFS, EFS, "
+                "Filestore, Azure Files, …), let the operator create one with "
+                "spec.output.volumeClaimTemplate, or run on 1 node",
+            )
     return None
 
 
@@ -105,15 +111,29 @@ def check_namespace(spec: JobSpec, usage: Usage | None, settings: Settings) -> A
     if usage is None:
         return None
     gpus = spec.nodes * spec.gpus_per_node
-    limits = (("nodes", spec.nodes, usage.nodes, settings.max_nodes_per_namespace, "maxNodesPerNamespace"),
-              ("GPUs", gpus, usage.gpus, settings.max_gpus_per_namespace, "maxGpusPerNamespace"))
+    limits = (
+        ("nodes", spec.nodes, usage.nodes, settings.max_nodes_per_namespace, "maxNodesPerNamespace"),
+        ("GPUs", gpus, usage.gpus, settings.max_gpus_per_namespace, "maxGpusPerNamespace"),
+    )
     for what, asked, held, limit, value in limits:
         if not limit or asked + held <= limit:
             continue
         if asked > limit:
-            return Admission(Violation("QuotaExceeded", f"the job asks for {asked} {what}, over the namespace "
-                                       f"limit of {limit} (Helm value guardrails.{value})"), permanent=True)
-        return Admission(Violation("QuotaExceeded", f"waiting: the job asks for {asked} {what} and the namespace's "
-                                   f"{usage.jobs} active job(s) hold {held} of the limit of {limit} (Helm value "
-                                   f"guardrails.{value}); it starts when enough are free"), permanent=False)
+            return Admission(
+                Violation(
+                    "QuotaExceeded",
+                    f"the job asks for {asked} {what}, over the namespace "
+                    f"limit of {limit} (Helm value guardrails.{value})",
+                ),
+                permanent=True,
+            )
+        return Admission(
+            Violation(
+                "QuotaExceeded",
+                f"waiting: the job asks for {asked} {what} and the namespace's "
+                f"{usage.jobs} active job(s) hold {held} of the limit of {limit} (Helm value "
+                f"guardrails.{value}); it starts when enough are free",
+            ),
+            permanent=False,
+        )
     return None

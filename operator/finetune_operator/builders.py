@@ -40,8 +40,14 @@ class JobRef:
     uid: str
 
     def owner_reference(self) -> dict[str, Any]:
-        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
-                "controller": True, "blockOwnerDeletion": True}
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
 
 def pod_name(job: str, rank: int) -> str:
@@ -80,10 +86,13 @@ def common_labels(job: str, component: str) -> dict[str, str]:
     }
 
 
-def _meta(ref: JobRef, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
-          ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": ref.namespace, "labels": labels,
-                            "ownerReferences": [ref.owner_reference()]}
+def _meta(ref: JobRef, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": labels,
+        "ownerReferences": [ref.owner_reference()],
+    }
     if annotations:
         meta["annotations"] = annotations
     return meta
@@ -92,14 +101,17 @@ def _meta(ref: JobRef, name: str, labels: dict[str, str], annotations: dict[str,
 def build_service(ref: JobRef) -> dict[str, Any]:
     """Headless Service J: gives rank 0 the stable name ``J-node-0.J`` before it is ready."""
     return {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": _meta(ref, ref.name, common_labels(ref.name, "rendezvous")),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": selector_labels(ref.name),
-            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT},
-                      {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT}],
+            "ports": [
+                {"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+            ],
         },
     }
 
@@ -124,10 +136,17 @@ def build_network_policy(ref: JobRef, spec: JobSpec, settings: Settings) -> dict
         # Egress anywhere (every pod of the cluster, and any address by IP block: CNIs such as Cilium match pods only
         # by selector), except the instance metadata, where the node's IAM role lives.
         policy["policyTypes"] = ["Ingress", "Egress"]
-        policy["egress"] = [{"to": [{"namespaceSelector": {}},
-                                    *({"ipBlock": {"cidr": cidr, "except": [meta]}} for cidr, meta in METADATA_CIDRS)]}]
+        policy["egress"] = [
+            {
+                "to": [
+                    {"namespaceSelector": {}},
+                    *({"ipBlock": {"cidr": cidr, "except": [meta]}} for cidr, meta in METADATA_CIDRS),
+                ]
+            }
+        ]
     return {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
         "metadata": _meta(ref, ref.name, common_labels(ref.name, "network-policy")),
         "spec": policy,
     }
@@ -154,10 +173,14 @@ def build_pdb(ref: JobRef, spec: JobSpec) -> dict[str, Any] | None:
     if not spec.pod_disruption_budget:
         return None
     return {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
         "metadata": _meta(ref, ref.name, common_labels(ref.name, "disruption-budget")),
-        "spec": {"minAvailable": spec.nodes, "selector": {"matchLabels": selector_labels(ref.name)},
-                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+        "spec": {
+            "minAvailable": spec.nodes,
+            "selector": {"matchLabels": selector_labels(ref.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
     }
 
 
@@ -172,28 +195,54 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
         "configVersion": CONFIG_VERSION,
         "job": {"name": ref.name, "namespace": ref.namespace},
         "task": spec.task,
-        "model": {"name": spec.model.name, "path": spec.model.path, "revision": spec.model.revision,
-                  "initFromConfig": spec.model.init_from_config,
-                  "trustRemoteCode": spec.model.trust_remote_code},
-        "dataset": {"name": spec.dataset.name, "config": spec.dataset.config, "split": spec.dataset.split,
-                    "evalSplit": spec.dataset.eval_split, "path": spec.dataset.path,
-                    "format": spec.dataset.format, "textField": spec.dataset.text_field,
-                    "textPairField": spec.dataset.text_pair_field, "labelField": spec.dataset.label_field,
-                    "messagesField": spec.dataset.messages_field, "promptField": spec.dataset.prompt_field,
-                    "completionField": spec.dataset.completion_field},
+        "model": {
+            "name": spec.model.name,
+            "path": spec.model.path,
+            "revision": spec.model.revision,
+            "initFromConfig": spec.model.init_from_config,
+            "trustRemoteCode": spec.model.trust_remote_code,
+        },
+        "dataset": {
+            "name": spec.dataset.name,
+            "config": spec.dataset.config,
+            "split": spec.dataset.split,
+            "evalSplit": spec.dataset.eval_split,
+            "path": spec.dataset.path,
+            "format": spec.dataset.format,
+            "textField": spec.dataset.text_field,
+            "textPairField": spec.dataset.text_pair_field,
+            "labelField": spec.dataset.label_field,
+            "messagesField": spec.dataset.messages_field,
+            "promptField": spec.dataset.prompt_field,
+            "completionField": spec.dataset.completion_field,
+        },
         "training": {
-            "epochs": t.epochs, "maxSteps": t.max_steps, "perDeviceBatchSize": t.per_device_batch_size,
-            "gradientAccumulationSteps": t.gradient_accumulation_steps, "learningRate": t.learning_rate,
-            "maxSeqLength": t.max_seq_length, "precision": t.precision, "seed": t.seed,
-            "checkpointEverySteps": t.checkpoint_every_steps, "keepCheckpoints": t.keep_checkpoints,
+            "epochs": t.epochs,
+            "maxSteps": t.max_steps,
+            "perDeviceBatchSize": t.per_device_batch_size,
+            "gradientAccumulationSteps": t.gradient_accumulation_steps,
+            "learningRate": t.learning_rate,
+            "maxSeqLength": t.max_seq_length,
+            "precision": t.precision,
+            "seed": t.seed,
+            "checkpointEverySteps": t.checkpoint_every_steps,
+            "keepCheckpoints": t.keep_checkpoints,
             "evaluation": {"strategy": t.evaluation.strategy, "everySteps": t.evaluation.every_steps},
             "extraArgs": _with_ddp_timeout(t.extra_args, spec.active_deadline_seconds),
-            "lora": None if t.lora is None else {
-                "r": t.lora.r, "alpha": t.lora.alpha if t.lora.alpha is not None else 2 * t.lora.r,
-                "dropout": t.lora.dropout, "targetModules": list(t.lora.target_modules),
-                "quantization": t.lora.quantization, "merge": t.lora.merge},
-            "packing": t.packing, "lossOn": t.loss_on,
-            "sharding": t.sharding, "activationCheckpointing": t.activation_checkpointing,
+            "lora": None
+            if t.lora is None
+            else {
+                "r": t.lora.r,
+                "alpha": t.lora.alpha if t.lora.alpha is not None else 2 * t.lora.r,
+                "dropout": t.lora.dropout,
+                "targetModules": list(t.lora.target_modules),
+                "quantization": t.lora.quantization,
+                "merge": t.lora.merge,
+            },
+            "packing": t.packing,
+            "lossOn": t.loss_on,
+            "sharding": t.sharding,
+            "activationCheckpointing": t.activation_checkpointing,
         },
         "acceleration": spec.acceleration,
         "output": _output_config(ref, spec),
@@ -228,11 +277,18 @@ def export_env(spec: JobSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = []
     hub, s3 = spec.output.push_to_hub, spec.output.s3
     if hub and hub.secret:
-        env.append({"name": "FINETUNE_HUB_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": hub.secret.name, "key": hub.secret.key}}})
+        env.append(
+            {
+                "name": "FINETUNE_HUB_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": hub.secret.name, "key": hub.secret.key}},
+            }
+        )
     if s3 and s3.secret_name:
-        for key, optional in (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False),
-                              ("AWS_SESSION_TOKEN", True)):
+        for key, optional in (
+            ("AWS_ACCESS_KEY_ID", False),
+            ("AWS_SECRET_ACCESS_KEY", False),
+            ("AWS_SESSION_TOKEN", True),
+        ):
             ref: dict[str, Any] = {"name": s3.secret_name, "key": key}
             if optional:
                 ref["optional"] = True
@@ -251,7 +307,8 @@ def _with_ddp_timeout(extra: dict[str, Any], deadline: int | None) -> dict[str, 
 
 def build_config_map(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
         "metadata": _meta(ref, config_map_name(ref.name), common_labels(ref.name, "config")),
         "data": {CONFIG_FILE: json.dumps(trainer_config(ref, spec), indent=2, sort_keys=True)},
     }
@@ -262,13 +319,19 @@ def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list
     flag default."""
     addr = master_addr(ref.name)
     pairs = [
-        ("PET_NNODES", spec.nodes), ("NNODES", spec.nodes),
-        ("PET_NPROC_PER_NODE", spec.procs_per_node), ("NPROC_PER_NODE", spec.procs_per_node),
-        ("PET_NODE_RANK", rank), ("NODE_RANK", rank),
-        ("PET_MASTER_ADDR", addr), ("MASTER_ADDR", addr),
-        ("PET_MASTER_PORT", MASTER_PORT), ("MASTER_PORT", MASTER_PORT),
+        ("PET_NNODES", spec.nodes),
+        ("NNODES", spec.nodes),
+        ("PET_NPROC_PER_NODE", spec.procs_per_node),
+        ("NPROC_PER_NODE", spec.procs_per_node),
+        ("PET_NODE_RANK", rank),
+        ("NODE_RANK", rank),
+        ("PET_MASTER_ADDR", addr),
+        ("MASTER_ADDR", addr),
+        ("PET_MASTER_PORT", MASTER_PORT),
+        ("MASTER_PORT", MASTER_PORT),
         ("WORLD_SIZE", spec.world_size),
-        ("FINETUNE_JOB_NAME", ref.name), ("FINETUNE_NAMESPACE", ref.namespace),
+        ("FINETUNE_JOB_NAME", ref.name),
+        ("FINETUNE_NAMESPACE", ref.namespace),
         ("FINETUNE_ATTEMPT", attempt),
         ("FINETUNE_CONFIG", f"{CONFIG_DIR}/{CONFIG_FILE}"),
     ]
@@ -278,8 +341,13 @@ def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list
 def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: Settings) -> dict[str, Any]:
     name = pod_name(ref.name, rank)
     kueue_labels, kueue_annotations = kueue.pod_metadata(spec.queue_name, ref.name, ref.uid, attempt, spec.nodes)
-    labels = {**spec.pod_template.labels, **kueue_labels, **common_labels(ref.name, "trainer"),
-              LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}
+    labels = {
+        **spec.pod_template.labels,
+        **kueue_labels,
+        **common_labels(ref.name, "trainer"),
+        LABEL_RANK: str(rank),
+        LABEL_ATTEMPT: str(attempt),
+    }
     annotations = {**spec.pod_template.annotations, **kueue_annotations}
 
     env: list[dict[str, Any]] = list(env_contract(ref, spec, rank=rank, attempt=attempt))
@@ -295,8 +363,9 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         env.append({"name": METADATA_DISABLED_ENV, "value": "true"})
     env.extend(spec.env)
     if spec.hf_token:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": spec.hf_token.name, "key": spec.hf_token.key}}})
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": spec.hf_token.name, "key": spec.hf_token.key}}}
+        )
     if rank == 0:  # the export runs on rank 0 only, after its training processes exited; no other rank gets them
         env.extend(export_env(spec))
 
@@ -325,8 +394,10 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         "imagePullPolicy": spec.image_pull_policy or settings.image_pull_policy,
         "command": ["finetune-trainer"],
         "env": env,
-        "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT},
-                  {"name": "metrics", "containerPort": METRICS_PORT}],
+        "ports": [
+            {"name": "rendezvous", "containerPort": MASTER_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ],
         "volumeMounts": mounts,
         # The trainer writes its own message; never a log tail, which may hold printed tokens or data rows and would
         # become readable in status.failure and Events by anyone with the view role.
@@ -341,8 +412,9 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     }
     if spec.resources:
         # Quantities as strings: the CRD accepts `nvidia.com/gpu: 8`, a Pod's ResourceList wants "8".
-        container["resources"] = {section: {k: str(v) for k, v in values.items()}
-                                  for section, values in spec.resources.items()}
+        container["resources"] = {
+            section: {k: str(v) for k, v in values.items()} for section, values in spec.resources.items()
+        }
 
     pod_spec: dict[str, Any] = {
         "hostname": name,
@@ -381,9 +453,11 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         # One trainer per machine for multi-node GPU jobs (whole GPUs): ranks on one node would share its PCIe
         # and network and turn a node failure into several rank failures. A user's own podAntiAffinity wins;
         # their node affinity (a GPU model, a zone) is kept alongside.
-        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
-            "labelSelector": {"matchLabels": selector_labels(ref.name)},
-            "topologyKey": "kubernetes.io/hostname"}]}
+        affinity["podAntiAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": selector_labels(ref.name)}, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
     if affinity:
         pod_spec["affinity"] = affinity
     if pt.priority_class_name or settings.trainer_priority_class:
@@ -394,8 +468,12 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     pull_secrets += [s for s in settings.trainer_image_pull_secrets if s not in pull_secrets]
     if pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(ref, name, labels, annotations or None),
-            "spec": pod_spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(ref, name, labels, annotations or None),
+        "spec": pod_spec,
+    }
 
 
 def build_pods(ref: JobRef, spec: JobSpec, *, attempt: int, settings: Settings) -> list[dict[str, Any]]:

@@ -42,8 +42,9 @@ class PeeringGate:
     of every watched namespace (or the cluster-wide one), read at most every few seconds; a failed read keeps the
     last answer. Exports the answer and the missing objects, and logs each object that goes missing or comes back."""
 
-    def __init__(self, kube: Any, namespaces: tuple[str, ...], priority: int, metrics: Any = None,
-                 every: float = 1.0) -> None:
+    def __init__(
+        self, kube: Any, namespaces: tuple[str, ...], priority: int, metrics: Any = None, every: float = 1.0
+    ) -> None:
         self.kube, self.priority, self.metrics, self.every = kube, priority, metrics, every
         self.namespaces: tuple[str | None, ...] = namespaces or (None,)
         self._at, self._answer = float("-inf"), False
@@ -64,9 +65,11 @@ class PeeringGate:
             return self._answer
         self._answer, missing = backstop_active(objects, own_priority=self.priority, now=datetime.now(UTC))
         for ns in set(missing) - self._missing:
-            log.error("the KopfPeering finetune-operator %s is missing: replicas cannot coordinate through it "
-                      "(kopf and the backstop ignore it); the chart creates it: `helm upgrade` the release",
-                      f"in namespace {ns}" if ns else "(cluster-wide)")
+            log.error(
+                "the KopfPeering finetune-operator %s is missing: replicas cannot coordinate through it "
+                "(kopf and the backstop ignore it); the chart creates it: `helm upgrade` the release",
+                f"in namespace {ns}" if ns else "(cluster-wide)",
+            )
         for ns in self._missing - set(missing):
             log.info("the KopfPeering finetune-operator %s is back", f"in namespace {ns}" if ns else "(cluster-wide)")
         self._missing = set(missing)
@@ -91,14 +94,14 @@ def run_operator(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.namespace:
         settings = Settings(**{**settings.__dict__, "namespaces": tuple(args.namespace)})
-    kopf.configure(log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.PLAIN,
-                   verbose=args.verbose)
+    kopf.configure(log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.PLAIN, verbose=args.verbose)
     if not args.verbose:
         # kopf logs every handled watch event ("Handler ... succeeded.") at INFO: a line per pod event, noise at
         # scale and CPU; the operator logs its own state transitions. --verbose brings them back.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    controller = Controller(Kube(load_api_client(args.kubeconfig)), settings,
-                            store=Store() if settings.watch_cache else None)
+    controller = Controller(
+        Kube(load_api_client(args.kubeconfig)), settings, store=Store() if settings.watch_cache else None
+    )
     _priority = _peering_priority()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=controller.metrics.registry)
@@ -109,17 +112,23 @@ def run_operator(args: argparse.Namespace) -> int:
     backstop.start()
     priority = _priority
     try:
-        asyncio.run(kopf.operator(
-            registry=build_registry(controller, peering_priority=priority,
-                                    peering_lifetime=settings.peering_lifetime_seconds, on_cleanup=stop.set),
-            standalone=args.standalone,
-            priority=priority,
-            # A peering name makes peering mandatory in kopf: only when not standalone.
-            peering_name=None if args.standalone else "finetune-operator",
-            clusterwide=not settings.namespaces,
-            namespaces=list(settings.namespaces),
-            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
-        ))
+        asyncio.run(
+            kopf.operator(
+                registry=build_registry(
+                    controller,
+                    peering_priority=priority,
+                    peering_lifetime=settings.peering_lifetime_seconds,
+                    on_cleanup=stop.set,
+                ),
+                standalone=args.standalone,
+                priority=priority,
+                # A peering name makes peering mandatory in kopf: only when not standalone.
+                peering_name=None if args.standalone else "finetune-operator",
+                clusterwide=not settings.namespaces,
+                namespaces=list(settings.namespaces),
+                liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
+            )
+        )
     finally:
         stop.set()
         backstop.join(timeout=5)
@@ -137,8 +146,12 @@ def add_user_parsers(sub: Any) -> None:
 
     p = sub.add_parser("submit", parents=[common], help="validate a FineTuneJob manifest, then apply it")
     p.add_argument("file", help="the manifest (- for standard input)")
-    p.add_argument("-f", "--follow", action="store_true",
-                   help="then show its progress and rank 0's log until it ends; exit with its result")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="then show its progress and rank 0's log until it ends; exit with its result",
+    )
     p.add_argument("--force-conflicts", action="store_true", help="take over fields another manager set")
     p = sub.add_parser("validate", parents=[common], help="check a manifest: typed spec and a server dry run")
     p.add_argument("file")
@@ -157,11 +170,18 @@ def add_user_parsers(sub: Any) -> None:
     p.add_argument("--tail", type=int, help="only the last N lines")
     p = sub.add_parser("wait", parents=[common], help="block until the job reaches a state")
     p.add_argument("name")
-    p.add_argument("--for", dest="for_", choices=("Succeeded", "Failed", "Running", "Suspended", "finished"),
-                   default="finished", help="the state to wait for (default finished: Succeeded or Failed)")
+    p.add_argument(
+        "--for",
+        dest="for_",
+        choices=("Succeeded", "Failed", "Running", "Suspended", "finished"),
+        default="finished",
+        help="the state to wait for (default finished: Succeeded or Failed)",
+    )
     p.add_argument("--timeout", type=float, help="give up after this many seconds (exit 124)")
-    for verb, text in (("suspend", "stop the job's pods (spec.suspend=true); it keeps its checkpoints"),
-                       ("resume", "start a suspended job again, from its newest checkpoint")):
+    for verb, text in (
+        ("suspend", "stop the job's pods (spec.suspend=true); it keeps its checkpoints"),
+        ("resume", "start a suspended job again, from its newest checkpoint"),
+    ):
         p = sub.add_parser(verb, parents=[common], help=text)
         p.add_argument("name")
     p = sub.add_parser("delete", parents=[common], help="delete the job (its pods, Service and ConfigMap go with it)")
@@ -174,8 +194,11 @@ USER_COMMANDS = ("submit", "validate", "status", "list", "logs", "wait", "suspen
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="finetune", description="Fine-tune Hugging Face models as FineTuneJobs on "
-                                 "Kubernetes: submit and follow jobs, or run the operator.")
+    ap = argparse.ArgumentParser(
+        prog="finetune",
+        description="Fine-tune Hugging Face models as FineTuneJobs on "
+        "Kubernetes: submit and follow jobs, or run the operator.",
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     op = sub.add_parser("operator", help="run the FineTuneJob operator")
     op.add_argument("--namespace", "-n", action="append", help="watch this namespace (repeat); default: all")
@@ -186,8 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     rl = sub.add_parser("run-local", help="run a FineTuneJob manifest on this machine")
     rl.add_argument("manifest")
     rl.add_argument("--workdir", help="where the output claim and logs go (default: ./output/<job>)")
-    rl.add_argument("--mount", action="append", default=[], metavar="MOUNTPATH=DIR",
-                    help="map a volume mount path of the manifest to a local directory (repeat)")
+    rl.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="MOUNTPATH=DIR",
+        help="map a volume mount path of the manifest to a local directory (repeat)",
+    )
     add_user_parsers(sub)
     args = ap.parse_args(argv)
     if args.command in USER_COMMANDS:

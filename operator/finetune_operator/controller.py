@@ -45,8 +45,14 @@ BACKSTOP_WORKERS = 4  # threads that run the backstop's passes (requeues, resync
 
 
 class Controller:
-    def __init__(self, kube: Kube, settings: Settings, metrics: OperatorMetrics | None = None,
-                 clock: Callable[[], datetime] = _now, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: Settings,
+        metrics: OperatorMetrics | None = None,
+        clock: Callable[[], datetime] = _now,
+        store: Store | None = None,
+    ) -> None:
         self.kube = kube
         # What the watches delivered (finetune_operator.store); None: every pass reads from the API server.
         self.store = store
@@ -207,8 +213,11 @@ class Controller:
             # From the store once the backstop has listed every job (its first tick); before that, from the API server:
             # right after a start the store may not hold every job of the namespace yet. Never a LIST per pass of
             # every waiting job (a thousand pending jobs would be a thousand LISTs per resync).
-            jobs = self.store.jobs(job.ref.namespace) if self.store is not None and self._listed_once \
+            jobs = (
+                self.store.jobs(job.ref.namespace)
+                if self.store is not None and self._listed_once
                 else self.kube.list_jobs(job.ref.namespace)
+            )
             held = admission.usage_of(jobs, exclude_uid=job.ref.uid)
         return Observed(claims=claims, usage=held)
 
@@ -228,8 +237,9 @@ class Controller:
         """The nodes of pods stuck deleting past their grace period, when state.node_lost says they are lost. Read
         only for such pods (rare); a node the operator may not read (no ``nodes: get``) counts as not lost."""
         now, after = self.clock(), self.settings.restart_force_delete_after_seconds
-        stuck = {p.node for p in pods if p.node and p.deletion is not None
-                 and (now - p.deletion).total_seconds() > after}
+        stuck = {
+            p.node for p in pods if p.node and p.deletion is not None and (now - p.deletion).total_seconds() > after
+        }
         lost = {}
         for node_name in sorted(stuck):
             try:
@@ -246,18 +256,23 @@ class Controller:
         """Kueue's word on the Workload of the job's current attempt, while Kueue holds its pods. Without
         ``workloads: get`` (the chart's kueue.enabled), the status says only that Kueue holds the pods."""
         try:
-            wl = self.kube.get_workload(job.ref.namespace,
-                                        kueue.group_name(job.ref.name, job.status.attempt, job.ref.uid))
+            wl = self.kube.get_workload(
+                job.ref.namespace, kueue.group_name(job.ref.name, job.status.attempt, job.ref.uid)
+            )
         except ApiError as e:
             if e.code == 403:
                 if not self._workloads_forbidden:
-                    log.warning("the operator may not read Kueue's Workloads (%s): queued jobs will not show Kueue's "
-                                "reason; install the chart with kueue.enabled=true", e.message)
+                    log.warning(
+                        "the operator may not read Kueue's Workloads (%s): queued jobs will not show Kueue's "
+                        "reason; install the chart with kueue.enabled=true",
+                        e.message,
+                    )
                 self._workloads_forbidden = True
                 return kueue.UNREADABLE
             log.warning("%s/%s: cannot read its Kueue Workload: %s", job.ref.namespace, job.ref.name, e)
-            return WorkloadState(False, "Queued", f"Kueue holds the attempt's pods (its Workload could not be read: "
-                                 f"{e.message[:200]})")
+            return WorkloadState(
+                False, "Queued", f"Kueue holds the attempt's pods (its Workload could not be read: {e.message[:200]})"
+            )
         return kueue.read_workload(wl)
 
     def _act(self, key: Key, job: Job, observed: Observed) -> Plan | None:
@@ -267,10 +282,24 @@ class Controller:
             observed = replace(observed, lost_nodes=lost)
         if job.spec is not None and any(p.gated and p.attempt == job.status.attempt for p in pods):
             observed = replace(observed, queue=self._queue(job))
-        plan = decide(job, pods, now=self.clock(), settings=self.settings, progress=self._scrape(key, job, pods),
-                      observed=observed)
-        log.debug("%s/%s: state=%s create=%d delete=%d events=%d requeue=%s", namespace, name,
-                  plan.status.state, len(plan.create), len(plan.delete), len(plan.events), plan.requeue_after)
+        plan = decide(
+            job,
+            pods,
+            now=self.clock(),
+            settings=self.settings,
+            progress=self._scrape(key, job, pods),
+            observed=observed,
+        )
+        log.debug(
+            "%s/%s: state=%s create=%d delete=%d events=%d requeue=%s",
+            namespace,
+            name,
+            plan.status.state,
+            len(plan.create),
+            len(plan.delete),
+            len(plan.events),
+            plan.requeue_after,
+        )
 
         new_pods = [o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"]
         if new_pods:
@@ -287,8 +316,15 @@ class Controller:
                 try:
                     created = self.kube.create(obj)
                 except Rejected as e:
-                    plan = create_rejected(job, read_pods(self.kube.list_pods(namespace, name)), what=what,
-                                           code=e.code, message=e.message, now=self.clock(), settings=self.settings)
+                    plan = create_rejected(
+                        job,
+                        read_pods(self.kube.list_pods(namespace, name)),
+                        what=what,
+                        code=e.code,
+                        message=e.message,
+                        now=self.clock(),
+                        settings=self.settings,
+                    )
                     break
                 if created == FOREIGN:
                     plan = namesake_in_the_way(job, what=what, now=self.clock(), settings=self.settings)
@@ -357,8 +393,9 @@ class Controller:
         when the progress interval has passed (a slow or failed scrape never holds this pass, nor fails the job)."""
         if job.status.state != RUNNING or not self.settings.progress_interval_seconds or job.spec is None:
             return None
-        rank0 = [p for p in pods if p.rank == 0 and p.attempt == job.status.attempt and p.ip
-                 and p.owner_uid == job.ref.uid]
+        rank0 = [
+            p for p in pods if p.rank == 0 and p.attempt == job.status.attempt and p.ip and p.owner_uid == job.ref.uid
+        ]
         url = f"http://{rank0[0].ip}:{METRICS_PORT}/metrics" if rank0 else None
         progress = self.scraper.take(key, url, nodes=job.spec.nodes, attempt=job.status.attempt)
         if url is not None:

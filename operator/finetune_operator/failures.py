@@ -18,8 +18,13 @@ from finetune_operator.settings import (
 )
 
 CONTAINER = "trainer"
-FATAL_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
-                 "CreateContainerError")
+FATAL_WAITING = (
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,12 @@ class Failure:
 
     def as_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"reason": self.reason, "message": self.message[:1024]}
-        for key, value in (("rank", self.rank), ("attempt", self.attempt), ("exitCode", self.exit_code),
-                           ("podName", self.pod_name)):
+        for key, value in (
+            ("rank", self.rank),
+            ("attempt", self.attempt),
+            ("exitCode", self.exit_code),
+            ("podName", self.pod_name),
+        ):
             if value is not None:
                 out[key] = value
         return out
@@ -48,8 +57,14 @@ class Failure:
     @classmethod
     def from_status(cls, d: dict[str, Any]) -> Failure:
         """The ``status.failure`` a pass wrote (what is not on the wire reads as its default)."""
-        return cls(reason=str(d.get("reason") or ""), message=str(d.get("message") or ""), rank=d.get("rank"),
-                   attempt=d.get("attempt"), exit_code=d.get("exitCode"), pod_name=d.get("podName"))
+        return cls(
+            reason=str(d.get("reason") or ""),
+            message=str(d.get("message") or ""),
+            rank=d.get("rank"),
+            attempt=d.get("attempt"),
+            exit_code=d.get("exitCode"),
+            pod_name=d.get("podName"),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,8 +118,9 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
             msg = f"Kueue stopped the attempt's pod group: {msg}"
         return Failure(reason, f"{reason.lower()}: {msg}", disruption=True)
     if pod["metadata"].get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
-        return Failure("PodDeleted", f"pod {pod['metadata']['name']} was deleted while the attempt ran",
-                       disruption=True)
+        return Failure(
+            "PodDeleted", f"pod {pod['metadata']['name']} was deleted while the attempt ran", disruption=True
+        )
     if phase != "Failed":
         return None
     term = (_container_status(pod).get("state") or {}).get("terminated") or {}
@@ -112,40 +128,78 @@ def classify_pod(pod: dict[str, Any]) -> Failure | None:
     detail = termination_text(term.get("message"))
     finished = term.get("finishedAt")
     if term.get("reason") == "OOMKilled":
-        return Failure("OOMKilled", "the trainer ran out of memory (OOMKilled); raise "
-                       "spec.resources.limits.memory or lower spec.training.perDeviceBatchSize",
-                       exit_code=code, finished_at=finished)
+        return Failure(
+            "OOMKilled",
+            "the trainer ran out of memory (OOMKilled); raise "
+            "spec.resources.limits.memory or lower spec.training.perDeviceBatchSize",
+            exit_code=code,
+            finished_at=finished,
+        )
     if code == EXIT_CONFIG_ERROR:
-        return Failure("ConfigError", detail or "the trainer rejected its configuration (exit 78)",
-                       permanent=True, exit_code=code, finished_at=finished)
+        return Failure(
+            "ConfigError",
+            detail or "the trainer rejected its configuration (exit 78)",
+            permanent=True,
+            exit_code=code,
+            finished_at=finished,
+        )
     if code == EXIT_EXPORT_FAILED:
         # Training finished and the model is on the claim; a gang restart would not fix a destination.
-        return Failure("ExportFailed", detail or "training succeeded but pushing the model out failed (exit 74); "
-                       "the model is on the output volume", permanent=True, exit_code=code, finished_at=finished)
+        return Failure(
+            "ExportFailed",
+            detail
+            or "training succeeded but pushing the model out failed (exit 74); the model is on the output volume",
+            permanent=True,
+            exit_code=code,
+            finished_at=finished,
+        )
     if code == EXIT_RENDEZVOUS_TIMEOUT:
         # A peer that was still Pending (autoscaler, a large image pull) is not a broken job: a gang restart,
         # counted against maxRestarts like any other.
-        return Failure("RendezvousTimeout", detail or "the rank could not reach rank 0 (exit 75)",
-                       exit_code=code, finished_at=finished)
+        return Failure(
+            "RendezvousTimeout",
+            detail or "the rank could not reach rank 0 (exit 75)",
+            exit_code=code,
+            finished_at=finished,
+        )
     if code == EXIT_CUDA_OOM:
         # Deterministic for a given batch size and model: another attempt would fail the same way.
-        return Failure("CUDAOutOfMemory", detail or "the GPU ran out of memory (exit 77)", permanent=True,
-                       exit_code=code, finished_at=finished)
+        return Failure(
+            "CUDAOutOfMemory",
+            detail or "the GPU ran out of memory (exit 77)",
+            permanent=True,
+            exit_code=code,
+            finished_at=finished,
+        )
     if code == EXIT_OUTPUT_FULL:
         # The restart would resume and fail at the same save: only a larger claim or fewer checkpoints help.
-        return Failure("OutputFull", detail or "the output volume is full (exit 73); enlarge the output claim "
-                       "(spec.output) or lower spec.training.keepCheckpoints", permanent=True, exit_code=code,
-                       finished_at=finished)
+        return Failure(
+            "OutputFull",
+            detail
+            or "the output volume is full (exit 73); enlarge the output claim "
+            "(spec.output) or lower spec.training.keepCheckpoints",
+            permanent=True,
+            exit_code=code,
+            finished_at=finished,
+        )
     if code == EXIT_TERMINATED:
         # The trainer got SIGTERM from outside the operator, saved a checkpoint and stopped: restart the gang
         # without counting it (bounded by the operator's disruption limit).
-        return Failure("Terminated", detail or "the trainer was terminated (SIGTERM) and saved a checkpoint",
-                       disruption=True, exit_code=code, finished_at=finished)
+        return Failure(
+            "Terminated",
+            detail or "the trainer was terminated (SIGTERM) and saved a checkpoint",
+            disruption=True,
+            exit_code=code,
+            finished_at=finished,
+        )
     if code is not None:
-        return Failure("TrainingError", f"exit code {code}" + (f": {detail}" if detail else ""),
-                       exit_code=code, finished_at=finished)
-    return Failure("PodFailed", status.get("message") or status.get("reason") or "the pod failed",
-                   finished_at=finished)
+        return Failure(
+            "TrainingError",
+            f"exit code {code}" + (f": {detail}" if detail else ""),
+            exit_code=code,
+            finished_at=finished,
+        )
+    return Failure("PodFailed", status.get("message") or status.get("reason") or "the pod failed", finished_at=finished)
 
 
 def waiting_problem(pod: dict[str, Any]) -> WaitingProblem | None:

@@ -48,14 +48,20 @@ def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
     allowed = "the platform allows only its own trainer images (Helm value guardrails.allowedImagePrefixes)"
     for i, e in enumerate(spec.env):
         if e.get("name") in CODE_LOADING_ENV:
-            return Violation("InvalidSpec", f"spec.env[{i}].name: {e['name']} would load code from outside the "
-                             f"image; {allowed}: put the code in an allowed image")
+            return Violation(
+                "InvalidSpec",
+                f"spec.env[{i}].name: {e['name']} would load code from outside the "
+                f"image; {allowed}: put the code in an allowed image",
+            )
     for i, v in enumerate(spec.pod_template.volumes):
         # The parser refuses paths not in normal form; compared in the form the container runtime mounts anyway.
         mp = "/" + posixpath.normpath(v.mount_path).lstrip("/")
         if mp in ("/", "/etc") or any(paths_overlap(mp, c) for c in IMAGE_CODE_PATHS):
-            return Violation("InvalidSpec", f"spec.podTemplate.volumes[{i}].mountPath: {v.mount_path} would mount "
-                             f"over the image's own files; {allowed}: mount data elsewhere (e.g. /data)")
+            return Violation(
+                "InvalidSpec",
+                f"spec.podTemplate.volumes[{i}].mountPath: {v.mount_path} would mount "
+                f"over the image's own files; {allowed}: mount data elsewhere (e.g. /data)",
+            )
     return None
 
 
@@ -63,16 +69,25 @@ def _always(ref: JobRef, spec: JobSpec) -> Violation | None:
     """What no platform setting allows."""
     for i, e in enumerate(spec.env):
         if e.get("name") in GPU_VISIBILITY_ENV:
-            return Violation("InvalidSpec", f"spec.env[{i}].name: {e['name']} decides which GPUs the container sees; "
-                             "the device plugin sets it from resources.limits['nvidia.com/gpu'], ask for GPUs there")
+            return Violation(
+                "InvalidSpec",
+                f"spec.env[{i}].name: {e['name']} decides which GPUs the container sees; "
+                "the device plugin sets it from resources.limits['nvidia.com/gpu'], ask for GPUs there",
+            )
     for k in spec.pod_template.labels:
         if k.startswith(KUEUE_PREFIX) and k != KUEUE_PRIORITY_LABEL:
-            return Violation("InvalidSpec", f"spec.podTemplate.labels['{k}']: Kueue's labels are set by the operator "
-                             "(its pod groups); use spec.queueName to queue the job")
+            return Violation(
+                "InvalidSpec",
+                f"spec.podTemplate.labels['{k}']: Kueue's labels are set by the operator "
+                "(its pod groups); use spec.queueName to queue the job",
+            )
     for k in spec.pod_template.annotations:
         if k.startswith(KUEUE_PREFIX):
-            return Violation("InvalidSpec", f"spec.podTemplate.annotations['{k}']: Kueue's annotations are set by the "
-                             "operator; use spec.queueName to queue the job")
+            return Violation(
+                "InvalidSpec",
+                f"spec.podTemplate.annotations['{k}']: Kueue's annotations are set by the "
+                "operator; use spec.queueName to queue the job",
+            )
     try:
         check_output_path(ref.namespace, ref.name, spec)
     except SpecError as e:
@@ -87,44 +102,70 @@ def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
         return always
     image = settings.trainer_image(acceleration=spec.acceleration, image=spec.image)
     if settings.allowed_image_prefixes and not image_allowed(image, settings.allowed_image_prefixes):
-        allowed = f"allowed prefixes: {', '.join(settings.allowed_image_prefixes)} (Helm value " \
-                  "guardrails.allowedImagePrefixes)"
+        allowed = (
+            f"allowed prefixes: {', '.join(settings.allowed_image_prefixes)} (Helm value "
+            "guardrails.allowedImagePrefixes)"
+        )
         if spec.image:
             return Violation("InvalidSpec", f"spec.image: {image} is not allowed by the operator; {allowed}")
         value = "trainer.ortImage" if spec.acceleration == "ort" else "trainer.image"
-        return Violation("InvalidSpec", f"the operator's trainer image {image} for acceleration {spec.acceleration} "
-                         f"(Helm value {value}) is outside its own allowlist; {allowed}: ask the platform team to "
-                         "fix the chart's values, or set spec.image to an allowed image")
+        return Violation(
+            "InvalidSpec",
+            f"the operator's trainer image {image} for acceleration {spec.acceleration} "
+            f"(Helm value {value}) is outside its own allowlist; {allowed}: ask the platform team to "
+            "fix the chart's values, or set spec.image to an allowed image",
+        )
     if settings.allowed_image_prefixes and (pinned := _pins_images(spec, settings)) is not None:
         return pinned
     pc = spec.pod_template.priority_class_name
     if settings.allowed_priority_classes and pc is not None and pc not in settings.allowed_priority_classes:
         allowed = ", ".join(settings.allowed_priority_classes)
-        return Violation("InvalidSpec", f"spec.podTemplate.priorityClassName: {pc} is not allowed; allowed: "
-                         f"{allowed} (Helm value guardrails.allowedPriorityClasses)")
+        return Violation(
+            "InvalidSpec",
+            f"spec.podTemplate.priorityClassName: {pc} is not allowed; allowed: "
+            f"{allowed} (Helm value guardrails.allowedPriorityClasses)",
+        )
     kueue_pc = spec.pod_template.labels.get(KUEUE_PRIORITY_LABEL)
     if settings.allowed_priority_classes and kueue_pc is not None and kueue_pc not in settings.allowed_priority_classes:
         allowed = ", ".join(settings.allowed_priority_classes)
-        return Violation("InvalidSpec", f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']: {kueue_pc} is not "
-                         f"allowed; allowed: {allowed} (Helm value guardrails.allowedPriorityClasses)")
+        return Violation(
+            "InvalidSpec",
+            f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']: {kueue_pc} is not "
+            f"allowed; allowed: {allowed} (Helm value guardrails.allowedPriorityClasses)",
+        )
     if settings.require_queue_name and not spec.queue_name:
-        return Violation("InvalidSpec", "spec.queueName: the platform admits jobs only through Kueue (Helm value "
-                         "guardrails.requireQueueName); name a LocalQueue of the namespace (kubectl get localqueues)")
+        return Violation(
+            "InvalidSpec",
+            "spec.queueName: the platform admits jobs only through Kueue (Helm value "
+            "guardrails.requireQueueName); name a LocalQueue of the namespace (kubectl get localqueues)",
+        )
     sa = spec.pod_template.service_account_name
     if settings.allowed_service_accounts and sa is not None and sa not in settings.allowed_service_accounts:
         allowed = ", ".join(settings.allowed_service_accounts)
-        return Violation("InvalidSpec", f"spec.podTemplate.serviceAccountName: {sa} is not allowed; allowed: {allowed} "
-                         "(Helm value guardrails.allowedServiceAccounts); a ServiceAccount's token and cloud role "
-                         "would reach the job's code")
+        return Violation(
+            "InvalidSpec",
+            f"spec.podTemplate.serviceAccountName: {sa} is not allowed; allowed: {allowed} "
+            "(Helm value guardrails.allowedServiceAccounts); a ServiceAccount's token and cloud role "
+            "would reach the job's code",
+        )
     if spec.model.trust_remote_code and not settings.allow_trust_remote_code:
-        return Violation("InvalidSpec", "spec.model.trustRemoteCode: the platform does not run code from model "
-                         "repositories (Helm value guardrails.allowTrustRemoteCode is false); use a model whose "
-                         "architecture transformers ships")
+        return Violation(
+            "InvalidSpec",
+            "spec.model.trustRemoteCode: the platform does not run code from model "
+            "repositories (Helm value guardrails.allowTrustRemoteCode is false); use a model whose "
+            "architecture transformers ships",
+        )
     if settings.max_nodes_per_job and spec.nodes > settings.max_nodes_per_job:
-        return Violation("QuotaExceeded", f"spec.nodes={spec.nodes} exceeds the limit of {settings.max_nodes_per_job} "
-                         "nodes per job (Helm value guardrails.maxNodesPerJob)")
+        return Violation(
+            "QuotaExceeded",
+            f"spec.nodes={spec.nodes} exceeds the limit of {settings.max_nodes_per_job} "
+            "nodes per job (Helm value guardrails.maxNodesPerJob)",
+        )
     gpus = spec.gpus_per_node * spec.nodes
     if settings.max_gpus_per_job and gpus > settings.max_gpus_per_job:
-        return Violation("QuotaExceeded", f"the job asks for {gpus} GPUs ({spec.nodes} nodes x {spec.gpus_per_node}), "
-                         f"over the limit of {settings.max_gpus_per_job} per job (Helm value guardrails.maxGpusPerJob)")
+        return Violation(
+            "QuotaExceeded",
+            f"the job asks for {gpus} GPUs ({spec.nodes} nodes x {spec.gpus_per_node}), "
+            f"over the limit of {settings.max_gpus_per_job} per job (Helm value guardrails.maxGpusPerJob)",
+        )
     return None

@@ -59,8 +59,13 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
-def build_registry(controller: Controller, *, peering_priority: int = 0, peering_lifetime: int = 60,
-                   on_cleanup: Callable[[], None] | None = None) -> kopf.OperatorRegistry:
+def build_registry(
+    controller: Controller,
+    *,
+    peering_priority: int = 0,
+    peering_lifetime: int = 60,
+    on_cleanup: Callable[[], None] | None = None,
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -99,8 +104,9 @@ def build_registry(controller: Controller, *, peering_priority: int = 0, peering
         executor.append(settings.execution.executor)
 
     async def run_pass(namespace: str, name: str) -> None:
-        await asyncio.get_running_loop().run_in_executor(executor[0] if executor else None, controller.on_event,
-                                                         namespace, name)
+        await asyncio.get_running_loop().run_in_executor(
+            executor[0] if executor else None, controller.on_event, namespace, name
+        )
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def job_event(type: str | None, body: kopf.Body, **_: Any) -> None:

@@ -75,12 +75,17 @@ def connect(args: argparse.Namespace) -> Context:
         api = client.ApiClient()
         ns_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         ctx_ns = ns_file.read_text().strip() if ns_file.exists() else None
-    return Context(api=Kube(api), namespace=args.namespace or ctx_ns or "default",
-                   explicit_namespace=bool(args.namespace), out=Console(soft_wrap=True),
-                   err=Console(stderr=True, soft_wrap=True))
+    return Context(
+        api=Kube(api),
+        namespace=args.namespace or ctx_ns or "default",
+        explicit_namespace=bool(args.namespace),
+        out=Console(soft_wrap=True),
+        err=Console(stderr=True, soft_wrap=True),
+    )
 
 
 # -- manifests --------------------------------------------------------------------------------------------------
+
 
 def load_manifest(path: str, ctx: Context) -> dict[str, Any]:
     """The one FineTuneJob in ``path`` (``-``: standard input), its namespace resolved as kubectl does."""
@@ -93,8 +98,10 @@ def load_manifest(path: str, ctx: Context) -> dict[str, Any]:
         raise UserError(f"{path}: not valid YAML: {e}") from None
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "FineTuneJob"]
     if len(jobs) != 1:
-        raise UserError(f"{path}: holds {len(jobs)} FineTuneJob(s); give a file with exactly one "
-                        "(other objects, such as the claim it mounts, are applied with kubectl)")
+        raise UserError(
+            f"{path}: holds {len(jobs)} FineTuneJob(s); give a file with exactly one "
+            "(other objects, such as the claim it mounts, are applied with kubectl)"
+        )
     job = jobs[0]
     if job.get("apiVersion") != f"{GROUP}/{VERSION}":
         raise UserError(f"{path}: apiVersion {job.get('apiVersion')!r}: this finetune speaks {GROUP}/{VERSION}")
@@ -167,8 +174,10 @@ def cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
         for e in errors:
             ctx.err.print(f"[red]error[/red] {args.file}: {e}", highlight=False)
         return EXIT_USAGE
-    ctx.out.print(f"{args.file}: FineTuneJob {job['metadata']['namespace']}/{job['metadata']['name']} is valid "
-                  f"({where})", highlight=False)
+    ctx.out.print(
+        f"{args.file}: FineTuneJob {job['metadata']['namespace']}/{job['metadata']['name']} is valid ({where})",
+        highlight=False,
+    )
     return EXIT_OK
 
 
@@ -185,8 +194,9 @@ def cmd_submit(ctx: Context, args: argparse.Namespace) -> int:
         applied = ctx.kube.apply_job(job, dry_run=False, force=args.force_conflicts)
     except ApiError as e:
         if e.code == 409:
-            raise UserError(f"{name}: {e.message} (another manager owns these fields; --force-conflicts takes "
-                            "them over)") from None
+            raise UserError(
+                f"{name}: {e.message} (another manager owns these fields; --force-conflicts takes them over)"
+            ) from None
         raise
     if before is None:
         verb = "created"
@@ -197,8 +207,11 @@ def cmd_submit(ctx: Context, args: argparse.Namespace) -> int:
     else:
         verb = "configured"
     if before is not None and (before.get("status") or {}).get("state") in TERMINAL and verb != "created":
-        ctx.err.print(f"[yellow]note[/yellow]: {name} has already finished ({before['status']['state']}); a finished "
-                      "job never runs again: delete it first (finetune delete) to run it anew", highlight=False)
+        ctx.err.print(
+            f"[yellow]note[/yellow]: {name} has already finished ({before['status']['state']}); a finished "
+            "job never runs again: delete it first (finetune delete) to run it anew",
+            highlight=False,
+        )
     ctx.out.print(f"finetunejob.{GROUP}/{name} {verb}", highlight=False)
     if not args.follow:
         return EXIT_OK
@@ -206,6 +219,7 @@ def cmd_submit(ctx: Context, args: argparse.Namespace) -> int:
 
 
 # -- following a job --------------------------------------------------------------------------------------------
+
 
 def _job_or_fail(ctx: Context, name: str) -> dict[str, Any]:
     job = ctx.kube.get_job(ctx.namespace, name)
@@ -244,8 +258,16 @@ def _raw(line: str) -> None:
     sys.stdout.flush()
 
 
-def stream_log(ctx: Context, ns: str, pod: str, *, follow: bool, tail: int | None, prefix: str = "",
-               write: Callable[[str], None] | None = None) -> None:
+def stream_log(
+    ctx: Context,
+    ns: str,
+    pod: str,
+    *,
+    follow: bool,
+    tail: int | None,
+    prefix: str = "",
+    write: Callable[[str], None] | None = None,
+) -> None:
     """Print a pod's trainer log (line by line, ``prefix`` before each), following it while it runs."""
     write = write or _raw
     resp = ctx.kube.pod_log(ns, pod, follow=follow, tail_lines=tail)
@@ -274,8 +296,14 @@ class _LogFollower(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            pod = next((p for p in _pods(self.ctx, self.ns, self.name) if _labels(p).get(LABEL_RANK) == "0"
-                        and p["metadata"]["uid"] not in self.followed and _started(p)), None)
+            pod = next(
+                (
+                    p
+                    for p in _pods(self.ctx, self.ns, self.name)
+                    if _labels(p).get(LABEL_RANK) == "0" and p["metadata"]["uid"] not in self.followed and _started(p)
+                ),
+                None,
+            )
             if pod is None:
                 if self.finishing.is_set():
                     return
@@ -297,8 +325,15 @@ class _LogFollower(threading.Thread):
 def follow(ctx: Context, ns: str, name: str, *, uid: str | None = None, logs: bool = True) -> int:
     """A progress bar from ``status.progress`` (and the state) while rank 0's log streams above it, until the job
     ends; the exit code is the job's result."""
-    bar = Progress(TextColumn("{task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=ctx.err, transient=False)
+    bar = Progress(
+        TextColumn("{task.fields[state]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=ctx.err,
+        transient=False,
+    )
     # The bar is on stderr; the log lines go to stdout (above the bar on a terminal: rich redirects stdout there).
     follower = _LogFollower(ctx, ns, name, _raw) if logs else None
     task = bar.add_task(name, total=None, state="Pending", detail="")
@@ -313,9 +348,13 @@ def follow(ctx: Context, ns: str, name: str, *, uid: str | None = None, logs: bo
                     raise UserError(f"FineTuneJob {ns}/{name} was deleted")
                 st = job.get("status") or {}
                 prog = st.get("progress") or {}
-                bar.update(task, total=prog.get("totalSteps"), completed=prog.get("step") or 0,
-                           state=f"{st.get('state') or 'Pending'} (attempt {st.get('attempt', 0)})",
-                           detail=render.progress_line(prog).partition(", ")[2])
+                bar.update(
+                    task,
+                    total=prog.get("totalSteps"),
+                    completed=prog.get("step") or 0,
+                    state=f"{st.get('state') or 'Pending'} (attempt {st.get('attempt', 0)})",
+                    detail=render.progress_line(prog).partition(", ")[2],
+                )
                 if st.get("state") in TERMINAL:
                     break
                 time.sleep(ctx.poll_seconds)
@@ -334,12 +373,16 @@ def follow(ctx: Context, ns: str, name: str, *, uid: str | None = None, logs: bo
 
 # -- the other commands ---------------------------------------------------------------------------------------
 
+
 def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     job = _job_or_fail(ctx, args.name)
     status = job.get("status") or {}
-    pods = [p for p in _pods(ctx, ctx.namespace, args.name)
-            if _labels(p).get(LABEL_ATTEMPT) == str(status.get("attempt", 0))
-            or p["metadata"]["name"] == (status.get("failure") or {}).get("podName")]
+    pods = [
+        p
+        for p in _pods(ctx, ctx.namespace, args.name)
+        if _labels(p).get(LABEL_ATTEMPT) == str(status.get("attempt", 0))
+        or p["metadata"]["name"] == (status.get("failure") or {}).get("podName")
+    ]
     events = ctx.kube.list_job_events(ctx.namespace, args.name)
     ctx.out.print(render.status_block(job, pods, events), highlight=False)
     return EXIT_OK
@@ -379,9 +422,15 @@ def cmd_logs(ctx: Context, args: argparse.Namespace) -> int:
         with lock:
             _raw(line)
 
-    threads = [threading.Thread(target=stream_log, args=(ctx, ctx.namespace, pod),
-                                kwargs={"follow": args.follow, "tail": args.tail, "prefix": f"[node {rank}] ",
-                                        "write": write}, daemon=True) for rank, pod in present]
+    threads = [
+        threading.Thread(
+            target=stream_log,
+            args=(ctx, ctx.namespace, pod),
+            kwargs={"follow": args.follow, "tail": args.tail, "prefix": f"[node {rank}] ", "write": write},
+            daemon=True,
+        )
+        for rank, pod in present
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -398,10 +447,12 @@ def _no_pod(job: dict[str, Any], attempt: int, ranks: list[int], current: int) -
         except (SpecError, KeyError, TypeError, ValueError):
             return f"{name}: no pod of attempt {attempt} for rank {which}: a gang restart replaces an attempt's pods"
         ref = JobRef(name=name, namespace=job["metadata"]["namespace"], uid=job["metadata"].get("uid", ""))
-        inside = output_path(ref, spec)[len(OUTPUT_MOUNT) + 1:]
-        return (f"{name}: no pod of attempt {attempt} for rank {which}: a gang restart replaces an attempt's pods. "
-                f"Every rank also writes its log to the output claim {output_claim_name(name, spec)}, at "
-                f"{inside}/logs/attempt-{attempt}/node-<rank>.log (docs/cli.md, \"Logs of earlier attempts\")")
+        inside = output_path(ref, spec)[len(OUTPUT_MOUNT) + 1 :]
+        return (
+            f"{name}: no pod of attempt {attempt} for rank {which}: a gang restart replaces an attempt's pods. "
+            f"Every rank also writes its log to the output claim {output_claim_name(name, spec)}, at "
+            f'{inside}/logs/attempt-{attempt}/node-<rank>.log (docs/cli.md, "Logs of earlier attempts")'
+        )
     if attempt > current:
         return f"{name}: attempt {attempt} has not started (the current attempt is {current})"
     return f"{name}: rank {which} of attempt {attempt} has no pod (yet): see finetune status {name}"
@@ -423,8 +474,10 @@ def cmd_wait(ctx: Context, args: argparse.Namespace) -> int:
             ctx.err.print(f"{render.final_line(job)} (waited for {args.for_})", highlight=False)
             return EXIT_FAILED
         if deadline is not None and time.monotonic() >= deadline:
-            ctx.err.print(f"{args.name}: still {state or 'Pending'} after {args.timeout:g}s (waited for {args.for_})",
-                          highlight=False)
+            ctx.err.print(
+                f"{args.name}: still {state or 'Pending'} after {args.timeout:g}s (waited for {args.for_})",
+                highlight=False,
+            )
             return EXIT_TIMEOUT
         time.sleep(ctx.poll_seconds)
 
@@ -432,12 +485,16 @@ def cmd_wait(ctx: Context, args: argparse.Namespace) -> int:
 def _set_suspend(ctx: Context, name: str, suspend: bool) -> int:
     job = _job_or_fail(ctx, name)
     if (job.get("status") or {}).get("state") in TERMINAL:
-        raise UserError(f"{name} has finished ({job['status']['state']}): nothing to "
-                        f"{'suspend' if suspend else 'resume'}")
+        raise UserError(
+            f"{name} has finished ({job['status']['state']}): nothing to {'suspend' if suspend else 'resume'}"
+        )
     if ctx.kube.patch_job_spec(ctx.namespace, name, {"suspend": suspend}) is None:
         raise UserError(f"FineTuneJob {ctx.namespace}/{name} not found")
-    what = ("suspended: its pods are deleted (each rank saves a checkpoint on SIGTERM)" if suspend
-            else "resumed: a new attempt starts from the newest checkpoint")
+    what = (
+        "suspended: its pods are deleted (each rank saves a checkpoint on SIGTERM)"
+        if suspend
+        else "resumed: a new attempt starts from the newest checkpoint"
+    )
     ctx.out.print(f"finetunejob.{GROUP}/{name} {what}", highlight=False)
     return EXIT_OK
 
@@ -459,17 +516,28 @@ def cmd_delete(ctx: Context, args: argparse.Namespace) -> int:
 # -- the parser -------------------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, Callable[[Context, argparse.Namespace], int]] = {
-    "submit": cmd_submit, "validate": cmd_validate, "status": cmd_status, "list": cmd_list, "logs": cmd_logs,
-    "wait": cmd_wait, "suspend": lambda c, a: _set_suspend(c, a.name, True),
-    "resume": lambda c, a: _set_suspend(c, a.name, False), "delete": cmd_delete,
+    "submit": cmd_submit,
+    "validate": cmd_validate,
+    "status": cmd_status,
+    "list": cmd_list,
+    "logs": cmd_logs,
+    "wait": cmd_wait,
+    "suspend": lambda c, a: _set_suspend(c, a.name, True),
+    "resume": lambda c, a: _set_suspend(c, a.name, False),
+    "delete": cmd_delete,
 }
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "offline", False):
-            ctx = Context(api=None, namespace=args.namespace or "default", explicit_namespace=bool(args.namespace),
-                          out=Console(soft_wrap=True), err=Console(stderr=True, soft_wrap=True))
+            ctx = Context(
+                api=None,
+                namespace=args.namespace or "default",
+                explicit_namespace=bool(args.namespace),
+                out=Console(soft_wrap=True),
+                err=Console(stderr=True, soft_wrap=True),
+            )
         else:
             ctx = connect(args)
         return COMMANDS[args.command](ctx, args)

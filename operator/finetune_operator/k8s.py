@@ -152,9 +152,19 @@ class Kube:
         with self._lock:
             self.requests[verb] += 1
 
-    def _request(self, verb: str, method: str, path: str, *, body: Any = None, query: dict[str, str] | None = None,
-                 ok: tuple[int, ...] = (), conflict: tuple[int, ...] = (), content_type: str = "application/json",
-                 timeout: Any = TIMEOUT) -> Any | None:
+    def _request(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        ok: tuple[int, ...] = (),
+        conflict: tuple[int, ...] = (),
+        content_type: str = "application/json",
+        timeout: Any = TIMEOUT,
+    ) -> Any | None:
         """One request, counted and with the timeout. Returns the urllib3 response, its body not yet read (None for
         an answer in ``ok``: 404 for "already gone", 409 for "already exists"); raises :class:`ApiError` (or
         :class:`Conflict` for a status in ``conflict``, :class:`Rejected`) for any other error answer or failure."""
@@ -177,8 +187,9 @@ class Kube:
             return None
         raise _error(resp.status, _message(data, str(resp.reason)), conflict=conflict, body=data)
 
-    def _read(self, path: str, *, verb: str = "get", query: dict[str, str] | None = None,
-              absent_ok: bool = True) -> dict[str, Any] | None:
+    def _read(
+        self, path: str, *, verb: str = "get", query: dict[str, str] | None = None, absent_ok: bool = True
+    ) -> dict[str, Any] | None:
         resp = self._request(verb, "GET", path, query=query, ok=(404,) if absent_ok else ())
         if resp is None:
             return None
@@ -230,8 +241,12 @@ class Kube:
 
     def list_pods_at(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], int]:
         """A job's pods and the list's resourceVersion (the point in the watch stream the list reflects)."""
-        body = self._read(_core(namespace, "pods"), verb="list", query={"labelSelector": f"{LABEL_JOB}={job}"},
-                          absent_ok=False) or {}
+        body = (
+            self._read(
+                _core(namespace, "pods"), verb="list", query={"labelSelector": f"{LABEL_JOB}={job}"}, absent_ok=False
+            )
+            or {}
+        )
         try:
             version = int((body.get("metadata") or {}).get("resourceVersion") or 0)
         except ValueError:
@@ -300,8 +315,12 @@ class Kube:
         self._write("delete", "DELETE", f"{_CHILDREN[kind](namespace)}/{_q(name)}", ok=(404,))
 
     def delete_job(self, namespace: str, name: str, *, uid: str) -> None:
-        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid},
-                   "propagationPolicy": "Background"}
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"uid": uid},
+            "propagationPolicy": "Background",
+        }
         self._write("delete", "DELETE", _jobs(namespace, name), body=options, ok=(404, 409))
 
     def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
@@ -319,8 +338,9 @@ class Kube:
             "spec": job.get("spec"),
             "status": status,
         }
-        resp = self._request("update", "PUT", _jobs(meta["namespace"], meta["name"]) + "/status", body=body,
-                             conflict=(404, 409))
+        resp = self._request(
+            "update", "PUT", _jobs(meta["namespace"], meta["name"]) + "/status", body=body, conflict=(404, 409)
+        )
         assert resp is not None  # nothing is "ok" here: every error raised
         return dict(json.loads(resp.read()))
 
@@ -366,15 +386,27 @@ class Kube:
             query["dryRun"] = "All"
         if force:
             query["force"] = "true"
-        resp = self._request("apply", "PATCH", _jobs(meta["namespace"], meta["name"]), body=obj, query=query,
-                             content_type="application/apply-patch+yaml")
+        resp = self._request(
+            "apply",
+            "PATCH",
+            _jobs(meta["namespace"], meta["name"]),
+            body=obj,
+            query=query,
+            content_type="application/apply-patch+yaml",
+        )
         assert resp is not None  # nothing is "ok" here: every error raised
         return dict(json.loads(resp.read()))
 
     def patch_job_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any] | None:
         """A JSON merge patch of the job's spec (``suspend``, say); None when the job does not exist."""
-        resp = self._request("patch", "PATCH", _jobs(namespace, name), body={"spec": spec}, ok=(404,),
-                             content_type="application/merge-patch+json")
+        resp = self._request(
+            "patch",
+            "PATCH",
+            _jobs(namespace, name),
+            body={"spec": spec},
+            ok=(404,),
+            content_type="application/merge-patch+json",
+        )
         return None if resp is None else dict(json.loads(resp.read()))
 
     def delete_job_named(self, namespace: str, name: str) -> bool:
@@ -398,7 +430,8 @@ class Kube:
         if tail_lines is not None:
             query["tailLines"] = str(tail_lines)
         # no read timeout when following: a quiet trainer (a long evaluation) is not a dead connection
-        resp = self._request("get", "GET", _core(namespace, "pods", pod) + "/log", query=query,
-                             timeout=(5, None) if follow else TIMEOUT)
+        resp = self._request(
+            "get", "GET", _core(namespace, "pods", pod) + "/log", query=query, timeout=(5, None) if follow else TIMEOUT
+        )
         assert resp is not None
         return resp.response

@@ -39,8 +39,9 @@ def group_name(job: str, attempt: int, uid: str) -> str:
     return group
 
 
-def pod_metadata(queue: str | None, job: str, uid: str, attempt: int,
-                 nodes: int) -> tuple[dict[str, str], dict[str, str]]:
+def pod_metadata(
+    queue: str | None, job: str, uid: str, attempt: int, nodes: int
+) -> tuple[dict[str, str], dict[str, str]]:
     """(labels, annotations) that put an attempt's pods in one Kueue pod group, in LocalQueue ``queue`` if given."""
     labels = {GROUP_LABEL: group_name(job, attempt, uid), **({QUEUE_LABEL: queue} if queue else {})}
     return labels, {TOTAL_COUNT_ANNOTATION: str(nodes), RETRIABLE_ANNOTATION: "false"}
@@ -59,9 +60,13 @@ class WorkloadState:
     message: str
 
 
-UNREADABLE = WorkloadState(False, "Queued", "Kueue holds the attempt's pods until it admits the whole gang (the "
-                           "operator may not read Kueue's Workloads: install the chart with kueue.enabled=true for "
-                           "Kueue's reason)")
+UNREADABLE = WorkloadState(
+    False,
+    "Queued",
+    "Kueue holds the attempt's pods until it admits the whole gang (the "
+    "operator may not read Kueue's Workloads: install the chart with kueue.enabled=true for "
+    "Kueue's reason)",
+)
 
 
 def read_workload(workload: dict[str, Any] | None) -> WorkloadState:

@@ -31,8 +31,9 @@ def peering_active(status: dict[str, Any], *, own_priority: int, now: datetime) 
     return live.count(own_priority) == 1
 
 
-def backstop_active(peerings: dict[str | None, dict[str, Any] | None], *, own_priority: int,
-                    now: datetime) -> tuple[bool, list[str | None]]:
+def backstop_active(
+    peerings: dict[str | None, dict[str, Any] | None], *, own_priority: int, now: datetime
+) -> tuple[bool, list[str | None]]:
     """Whether this replica runs the backstop, from the peering object of every namespace kopf watches (``None``: the
     cluster-wide one), and the namespaces whose object is missing.
 
@@ -42,6 +43,9 @@ def backstop_active(peerings: dict[str | None, dict[str, Any] | None], *, own_pr
     through it), never a reason to stand by: one namespace's object, deleted with its namespace or by hand, must not
     stop deadlines, TTLs and retries in every other namespace."""
     missing = [ns for ns, obj in peerings.items() if obj is None]
-    active = all(peering_active((obj or {}).get("status") or {}, own_priority=own_priority, now=now)
-                 for obj in peerings.values() if obj is not None)
+    active = all(
+        peering_active((obj or {}).get("status") or {}, own_priority=own_priority, now=now)
+        for obj in peerings.values()
+        if obj is not None
+    )
     return active, missing

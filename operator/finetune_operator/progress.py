@@ -80,7 +80,8 @@ def parse_metrics(text: str, *, nodes: int) -> Progress | None:
         if math.isnan(value) or math.isinf(value) or (field in SET_ONCE and value <= 0):
             continue
         if abs(value) > (MAX_INTEGER if field in INTEGER_FIELDS else MAX_FLOAT / max(1, nodes)) or (
-                field in INTEGER_FIELDS and value < 0):
+            field in INTEGER_FIELDS and value < 0
+        ):
             continue
         if field in PER_NODE_RATES:  # whole-job rates; from 10/s on to a tenth: a column reads 2702.2, not 2702.2199
             value *= nodes

@@ -99,8 +99,9 @@ class _Pass:
     def was(self) -> str | None:
         return self.job.status.state
 
-    def transition(self, state: str, reason: str, message: str, *, warning: bool = False,
-                   always_event: bool = False) -> None:
+    def transition(
+        self, state: str, reason: str, message: str, *, warning: bool = False, always_event: bool = False
+    ) -> None:
         self.st.set_state(state, now=self.now, reason=reason, message=message)
         if self.was != state or always_event:
             self.event("Warning" if warning else "Normal", reason, message)
@@ -125,8 +126,12 @@ class _Pass:
             elif self.overdue(p) and (why := self.lost_nodes.get(p.node or "")) is not None:
                 self.plan.delete.append(PodDelete(p.name, p.uid, grace_seconds=0))
                 overdue = (self.now - p.deletion).total_seconds()
-                self.event("Warning", "ForceDeleted", f"pod {p.name} force-deleted {overdue:.0f}s after its grace "
-                           f"period ended: {why} (node {p.node}); its processes cannot be confirmed stopped")
+                self.event(
+                    "Warning",
+                    "ForceDeleted",
+                    f"pod {p.name} force-deleted {overdue:.0f}s after its grace "
+                    f"period ended: {why} (node {p.node}); its processes cannot be confirmed stopped",
+                )
 
     def overdue(self, pod: PodState) -> bool:
         """Still deleting ``restart_force_delete_after_seconds`` after the deadline its deletionTimestamp gives."""
@@ -144,8 +149,15 @@ class _Pass:
             self.plan.requeue_after = remaining
 
 
-def decide(job: Job, pods: list[PodState], *, now: datetime, settings: Settings, progress: Progress | None = None,
-           observed: Observed | None = None) -> Plan:
+def decide(
+    job: Job,
+    pods: list[PodState],
+    *,
+    now: datetime,
+    settings: Settings,
+    progress: Progress | None = None,
+    observed: Observed | None = None,
+) -> Plan:
     """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped);
     ``observed`` is what the controller read for the checks before an attempt starts (claims, namespace use)."""
     st = copy.deepcopy(job.status)
@@ -185,6 +197,7 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
 
 # -- the phases -------------------------------------------------------------------------------------------------
 
+
 def _stay_finished(p: _Pass, gang: Gang) -> None:
     """A finished job stays finished whatever its spec says now; its unfinished pods go (the failed rank's pod
     is kept for its logs), and the TTL runs."""
@@ -217,8 +230,15 @@ def _deadline_passed(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
         p.plan.requeue_after = remaining
         return False
     _close_attempt(p, spec, restarted=False)
-    _fail(p, gang.mine, Failure("DeadlineExceeded", "the job was active longer than "
-                                f"spec.activeDeadlineSeconds={spec.active_deadline_seconds}"), keep=None)
+    _fail(
+        p,
+        gang.mine,
+        Failure(
+            "DeadlineExceeded",
+            f"the job was active longer than spec.activeDeadlineSeconds={spec.active_deadline_seconds}",
+        ),
+        keep=None,
+    )
     return True
 
 
@@ -265,10 +285,16 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         _wait_quota(p, over.violation.message)
         return
     ref, present = p.job.ref, gang.ranks
-    missing = [pod for rank, pod in enumerate(build_pods(ref, spec, attempt=st.attempt, settings=p.settings))
-               if rank not in present]  # build_pods is in rank order; creation tolerates "already exists"
-    extra = [o for o in (build_output_claim(ref, spec), build_pdb(ref, spec),
-                         build_network_policy(ref, spec, p.settings)) if o is not None]
+    missing = [
+        pod
+        for rank, pod in enumerate(build_pods(ref, spec, attempt=st.attempt, settings=p.settings))
+        if rank not in present
+    ]  # build_pods is in rank order; creation tolerates "already exists"
+    extra = [
+        o
+        for o in (build_output_claim(ref, spec), build_pdb(ref, spec), build_network_policy(ref, spec, p.settings))
+        if o is not None
+    ]
     p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
     st.attempt_start_time = now
     st.admission_retry_time = None
@@ -277,12 +303,17 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     if st.restart_requested_time is not None:
         st.last_restart_gap_seconds = round((now - st.restart_requested_time).total_seconds(), 3)
         st.restart_requested_time = None
-    st.set_condition("Created", True, "PodsCreated", f"attempt {st.attempt}: {spec.nodes} trainer pod(s) created",
-                     now=now)
+    st.set_condition(
+        "Created", True, "PodsCreated", f"attempt {st.attempt}: {spec.nodes} trainer pod(s) created", now=now
+    )
     st.set_condition("Suspended", False, "Resumed", "spec.suspend is false", now=now)
     st.state = CREATED  # Restarting stays True until every rank of the new attempt runs
-    p.event("Normal", "PodsCreated", f"attempt {st.attempt}: created {spec.nodes} trainer pod(s) "
-            f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))")
+    p.event(
+        "Normal",
+        "PodsCreated",
+        f"attempt {st.attempt}: created {spec.nodes} trainer pod(s) "
+        f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))",
+    )
 
 
 def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | None, queue: WorkloadState | None) -> None:
@@ -310,8 +341,9 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
     elif gang.running and gang.running + gang.succeeded == spec.nodes:
         if progress is not None:
             st.progress = merge_progress(st.progress, progress, now=p.now)
-        p.transition(RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods "
-                     "running")
+        p.transition(
+            RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods running"
+        )
     elif queued:
         _queued(p, gang, queue)
     else:
@@ -366,10 +398,21 @@ def _admitted(p: _Pass) -> None:
 def _first_failure(p: _Pass, spec: JobSpec, gang: Gang) -> Failure | None:
     """The earliest failure of the attempt is the cause (its peers follow it); a missing rank is a disruption."""
     found: list[tuple[str, int, Failure, str | None]] = [
-        (pod.failure.finished_at or "", pod.rank, pod.failure, pod.name) for pod in gang.current if pod.failure]
+        (pod.failure.finished_at or "", pod.rank, pod.failure, pod.name) for pod in gang.current if pod.failure
+    ]
     for r in sorted(set(range(spec.nodes)) - gang.ranks):
-        found.append(("~", r, Failure("PodDeleted", f"pod {pod_name(p.job.ref.name, r)} disappeared while the "
-                                      "attempt ran", disruption=True), None))
+        found.append(
+            (
+                "~",
+                r,
+                Failure(
+                    "PodDeleted",
+                    f"pod {pod_name(p.job.ref.name, r)} disappeared while the attempt ran",
+                    disruption=True,
+                ),
+                None,
+            )
+        )
     if not found:
         return None
     _, rank, failure, failed_pod = min(found, key=lambda x: (x[0], x[1]))
@@ -380,15 +423,15 @@ def _ranks_wait(p: _Pass, spec: JobSpec, gang: Gang) -> None:
     """Some ranks are not running yet: say why; image and config problems fail the job after a bounded wait."""
     st = p.st
     st.state = CREATED if p.was != RESTARTING else p.was
-    problems = sorted(((pod.rank, pod.waiting) for pod in gang.current if pod.waiting is not None),
-                      key=lambda x: x[0])
+    problems = sorted(((pod.rank, pod.waiting) for pod in gang.current if pod.waiting is not None), key=lambda x: x[0])
     if not problems:
         return
     rank, problem = problems[0]
     waited = (p.now - (st.attempt_start_time or p.now)).total_seconds()
     if problem.fatal and waited >= p.settings.waiting_timeout_seconds:
         failure = Failure(problem.reason, f"rank {rank} waited {waited:.0f}s: {problem.message}").with_rank(
-            rank, st.attempt, pod_name(p.job.ref.name, rank))
+            rank, st.attempt, pod_name(p.job.ref.name, rank)
+        )
         _close_attempt(p, spec, restarted=False)
         _fail(p, gang.current, failure, keep=None)
         return
@@ -402,6 +445,7 @@ def _ranks_wait(p: _Pass, spec: JobSpec, gang: Gang) -> None:
 
 # -- endings ----------------------------------------------------------------------------------------------------
 
+
 def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
     """Account the attempt that ends now: GPU-seconds used and, for a restart, the work thrown away."""
     st = p.st
@@ -410,24 +454,37 @@ def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
     if st.attempt_start_time is None:
         return
     seconds = (p.now - st.attempt_start_time).total_seconds()
-    st.gpu_seconds_used = round((st.gpu_seconds_used or 0) + attempt_gpu_seconds(
-        seconds=seconds, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes), 3)
+    st.gpu_seconds_used = round(
+        (st.gpu_seconds_used or 0)
+        + attempt_gpu_seconds(seconds=seconds, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes),
+        3,
+    )
     if not restarted or st.progress is None:
         return
     lost = steps_lost(st.progress)
     global_batch = spec.training.per_device_batch_size * spec.world_size * spec.training.gradient_accumulation_steps
     steps_per_second = (st.progress.samples_per_second or 0) / max(1, global_batch)
     if lost and steps_per_second > 0:
-        st.gpu_seconds_lost = round((st.gpu_seconds_lost or 0) + attempt_gpu_seconds(
-            seconds=lost / steps_per_second, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes), 3)
+        st.gpu_seconds_lost = round(
+            (st.gpu_seconds_lost or 0)
+            + attempt_gpu_seconds(seconds=lost / steps_per_second, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes),
+            3,
+        )
     # The next attempt starts from the newest checkpoint: until its rank 0 reports, the job stands there (and a second
     # restart before that report loses nothing more), with no rate or ETA.
     resume = st.progress.last_checkpoint_step or 0
     total = st.progress.total_steps
-    st.progress = replace(st.progress, steps_lost_to_restarts=(st.progress.steps_lost_to_restarts or 0) + lost,
-                          step=resume, step_of_total=f"{resume}/{total}" if total else None,
-                          samples_per_second=None, tokens_per_second=None, eta_seconds=None, eta=None,
-                          update_time=p.now)
+    st.progress = replace(
+        st.progress,
+        steps_lost_to_restarts=(st.progress.steps_lost_to_restarts or 0) + lost,
+        step=resume,
+        step_of_total=f"{resume}/{total}" if total else None,
+        samples_per_second=None,
+        tokens_per_second=None,
+        eta_seconds=None,
+        eta=None,
+        update_time=p.now,
+    )
 
 
 def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: Failure) -> None:
@@ -435,15 +492,18 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
     limit, other failures against spec.maxRestarts), else the job fails keeping the failed rank's pod."""
     st, limit = p.st, p.settings.max_disruptions
     will_restart = not failure.permanent and (
-        st.disruptions < limit if failure.disruption else st.restarts < spec.max_restarts)
+        st.disruptions < limit if failure.disruption else st.restarts < spec.max_restarts
+    )
     _close_attempt(p, spec, restarted=will_restart)
     if not will_restart:
         if failure.disruption and not failure.permanent:
-            failure = replace(failure, message=f"{failure.message}; {st.disruptions} disruptions already "
-                              f"(operator limit {limit})")
+            failure = replace(
+                failure, message=f"{failure.message}; {st.disruptions} disruptions already (operator limit {limit})"
+            )
         elif not failure.permanent:
-            failure = replace(failure, message=f"{failure.message}; restarts exhausted "
-                              f"({st.restarts}/{spec.max_restarts})")
+            failure = replace(
+                failure, message=f"{failure.message}; restarts exhausted ({st.restarts}/{spec.max_restarts})"
+            )
         _fail(p, current, failure, keep=failure.pod_name)
         return
     if failure.disruption:
@@ -458,13 +518,21 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
     # After a disruption the ranks agree on a checkpoint, which takes the pods' grace period. After a failure a rank
     # is gone, so the survivors (often blocked in a collective) can save nothing: a short grace frees the GPUs.
     # At least 1 s: a zero grace period removes the pod object at once, before its node has stopped the processes.
-    grace = None if failure.disruption else max(1, min(spec.termination_grace_period_seconds,
-                                                        p.settings.failure_restart_grace_seconds))
+    grace = (
+        None
+        if failure.disruption
+        else max(1, min(spec.termination_grace_period_seconds, p.settings.failure_restart_grace_seconds))
+    )
     p.delete(current, grace_seconds=grace)
     p.plan.restart_reason = failure.reason
     counted = "not counted: disruption" if failure.disruption else f"restart {st.restarts}/{spec.max_restarts}"
-    p.transition(RESTARTING, failure.reason, f"gang restart to attempt {st.attempt} ({counted}): {failure.message}",
-                 warning=True, always_event=True)
+    p.transition(
+        RESTARTING,
+        failure.reason,
+        f"gang restart to attempt {st.attempt} ({counted}): {failure.message}",
+        warning=True,
+        always_event=True,
+    )
     p.plan.requeue_after = 2.0
 
 
@@ -482,8 +550,9 @@ def _leave_queue(p: _Pass) -> bool:
     queued = p.st.condition("Queued")
     if queued is None or not queued.status:
         return False
-    p.st.set_condition("Queued", False, "AttemptEnded", f"attempt {p.st.attempt} ended before Kueue admitted it",
-                       now=p.now)
+    p.st.set_condition(
+        "Queued", False, "AttemptEnded", f"attempt {p.st.attempt} ended before Kueue admitted it", now=p.now
+    )
     return True
 
 
@@ -521,8 +590,10 @@ def _wait_for_namesake(p: _Pass, what: str) -> None:
     """A child name this job needs is still held by a deleted FineTuneJob of the same name (another uid): wait for the
     garbage collector, never adopt it (its pods would count as this job's, its ConfigMap carry the old config)."""
     st = p.st
-    message = (f"waiting for {what}, left by a deleted FineTuneJob of the same name, to be removed; its pods may "
-               "still be saving a checkpoint")
+    message = (
+        f"waiting for {what}, left by a deleted FineTuneJob of the same name, to be removed; its pods may "
+        "still be saving a checkpoint"
+    )
     before = p.job.status.condition("Created")
     st.set_condition("Created", False, "PreviousJobTerminating", message, now=p.now, record_false=True)
     if st.state is None:
@@ -548,15 +619,21 @@ def name_taken(job: Job, *, what: str, now: datetime, settings: Settings) -> Pla
     st = copy.deepcopy(job.status)
     st.observed_generation = job.generation
     p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st))
-    _refuse(p, [], reason="InvalidSpec", message=f"{what} already exists and no FineTuneJob owns it: the job needs "
-            "that name; delete the object or give the job another name")
+    _refuse(
+        p,
+        [],
+        reason="InvalidSpec",
+        message=f"{what} already exists and no FineTuneJob owns it: the job needs "
+        "that name; delete the object or give the job another name",
+    )
     if job.pdb_enabled:
         p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
     return p.plan
 
 
-def create_rejected(job: Job, pods: list[PodState], *, what: str, code: int, message: str, now: datetime,
-                    settings: Settings) -> Plan:
+def create_rejected(
+    job: Job, pods: list[PodState], *, what: str, code: int, message: str, now: datetime, settings: Settings
+) -> Plan:
     """The API server refused a child the spec produced. A quota refusal waits and retries; anything else
     (an invalid pod, a Pod Security violation) is an InvalidSpec: the job fails instead of retrying forever.
     ``pods``: the job's pods as they are now (the ranks created before the refusal among them)."""
@@ -573,8 +650,10 @@ def create_rejected(job: Job, pods: list[PodState], *, what: str, code: int, mes
         _wait_quota(p, text)
         return p.plan
     if "PodSecurity" in message:
-        text = (f"{text} — a job with spec.network.hostNetwork or spec.network.rdma needs a namespace labelled "
-                "pod-security.kubernetes.io/enforce=privileged (docs/operations.md, GPU networking)")[:1024]
+        text = (
+            f"{text} — a job with spec.network.hostNetwork or spec.network.rdma needs a namespace labelled "
+            "pod-security.kubernetes.io/enforce=privileged (docs/operations.md, GPU networking)"
+        )[:1024]
     # The pods created before the refusal are deleted by the next pass, which finds the job finished.
     _refuse(p, [], reason="InvalidSpec", message=text)
     if job.pdb_enabled:

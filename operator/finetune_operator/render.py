@@ -61,8 +61,14 @@ def progress_line(progress: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def status_block(job: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]], *,
-                 now: datetime | None = None, events_shown: int = 8) -> RenderableType:
+def status_block(
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    *,
+    now: datetime | None = None,
+    events_shown: int = 8,
+) -> RenderableType:
     """``finetune status NAME``: state and reason, attempt and restarts, progress, the failure, the pods of the
     current attempt, the conditions and the newest events."""
     now = now or datetime.now(UTC)
@@ -77,8 +83,11 @@ def status_block(job: dict[str, Any], pods: list[dict[str, Any]], events: list[d
     head.add_row("State", Text.assemble((state, STYLE.get(state, "")), f"  {why}" if why else ""))
     if message and not (state == FAILED and st.get("failure")):  # else the Failure row below says it
         head.add_row("", message)
-    head.add_row("Attempt", f"{st.get('attempt', 0)} (restarts {st.get('restarts', 0)}/{spec.get('maxRestarts', 3)}, "
-                 f"disruptions {st.get('disruptions', 0)})")
+    head.add_row(
+        "Attempt",
+        f"{st.get('attempt', 0)} (restarts {st.get('restarts', 0)}/{spec.get('maxRestarts', 3)}, "
+        f"disruptions {st.get('disruptions', 0)})",
+    )
     head.add_row("Nodes", f"{st.get('nodes', '0/' + str(spec.get('nodes', 1)))} running")
     if line := progress_line(st.get("progress")):
         head.add_row("Progress", line)
@@ -103,25 +112,32 @@ def status_block(job: dict[str, Any], pods: list[dict[str, Any]], events: list[d
             phase = (p.get("status") or {}).get("phase") or "Pending"
             if p["metadata"].get("deletionTimestamp"):
                 phase = "Terminating"
-            t.add_row(p["metadata"]["name"], labels.get("finetune.dev/node-rank", "?"),
-                      labels.get("finetune.dev/attempt", "?"), phase, (p.get("spec") or {}).get("nodeName") or "-",
-                      age(p["metadata"].get("creationTimestamp"), now))
+            t.add_row(
+                p["metadata"]["name"],
+                labels.get("finetune.dev/node-rank", "?"),
+                labels.get("finetune.dev/attempt", "?"),
+                phase,
+                (p.get("spec") or {}).get("nodeName") or "-",
+                age(p["metadata"].get("creationTimestamp"), now),
+            )
         parts.append(t)
     if st.get("conditions"):
         t = Table(title="Conditions", title_justify="left", box=None, pad_edge=False)
         for col in ("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"):
             t.add_column(col, overflow="fold")
         for c in st["conditions"]:
-            t.add_row(c.get("type"), c.get("status"), c.get("reason"), age(c.get("lastTransitionTime"), now),
-                      c.get("message"))
+            t.add_row(
+                c.get("type"), c.get("status"), c.get("reason"), age(c.get("lastTransitionTime"), now), c.get("message")
+            )
         parts.append(t)
     if events:
         t = Table(title="Events", title_justify="left", box=None, pad_edge=False)
         for col in ("AGE", "TYPE", "REASON", "MESSAGE"):
             t.add_column(col, overflow="fold")
         for e in events[-events_shown:]:
-            t.add_row(age(e.get("lastTimestamp") or e.get("eventTime"), now), e.get("type"), e.get("reason"),
-                      e.get("message"))
+            t.add_row(
+                age(e.get("lastTimestamp") or e.get("eventTime"), now), e.get("type"), e.get("reason"), e.get("message")
+            )
         parts.append(t)
     return Group(*parts)
 
@@ -137,9 +153,15 @@ def jobs_table(jobs: list[dict[str, Any]], *, all_namespaces: bool, now: datetim
         st = j.get("status") or {}
         state = st.get("state") or "Pending"
         row = [j["metadata"]["namespace"]] if all_namespaces else []
-        row += [j["metadata"]["name"], Text(state, style=STYLE.get(state, "")), reason(st)[0] or "-",
-                st.get("nodes") or "-", (st.get("progress") or {}).get("stepOfTotal") or "-",
-                str(st.get("restarts", 0)), age(j["metadata"].get("creationTimestamp"), now)]
+        row += [
+            j["metadata"]["name"],
+            Text(state, style=STYLE.get(state, "")),
+            reason(st)[0] or "-",
+            st.get("nodes") or "-",
+            (st.get("progress") or {}).get("stepOfTotal") or "-",
+            str(st.get("restarts", 0)),
+            age(j["metadata"].get("creationTimestamp"), now),
+        ]
         t.add_row(*row)
     return t
 

@@ -89,20 +89,22 @@ def map_path(path: str | None, mounts: dict[str, Path]) -> str | None:
         return None
     for mount in sorted(mounts, key=len, reverse=True):
         if path == mount or path.startswith(mount + "/"):
-            return str(mounts[mount] / path[len(mount):].lstrip("/"))
+            return str(mounts[mount] / path[len(mount) :].lstrip("/"))
     return path
 
 
-def local_plan(manifest: dict[str, Any], *, manifest_dir: Path, workdir: Path, mounts: list[str],
-               master_port: int) -> list[tuple[dict[str, Any], dict[str, str]]]:
+def local_plan(
+    manifest: dict[str, Any], *, manifest_dir: Path, workdir: Path, mounts: list[str], master_port: int
+) -> list[tuple[dict[str, Any], dict[str, str]]]:
     """Per node: (config JSON, env) — the operator's, with paths and ports mapped to this machine."""
     meta = manifest.get("metadata") or {}
     name = str(meta.get("name", ""))
     check_name(name)
     spec = parse_spec(manifest.get("spec") or {})
     ref = JobRef(name=name, namespace=str(meta.get("namespace") or "default"), uid="local")
-    annotated = [m.strip() for m in str((meta.get("annotations") or {}).get(MOUNTS_ANNOTATION, "")).split(",")
-                 if m.strip()]
+    annotated = [
+        m.strip() for m in str((meta.get("annotations") or {}).get(MOUNTS_ANNOTATION, "")).split(",") if m.strip()
+    ]
     mount_map = parse_mounts(annotated, manifest_dir)
     mount_map.update(parse_mounts(mounts, Path.cwd()))
     mount_map[OUTPUT_MOUNT] = workdir / "output"
@@ -158,8 +160,9 @@ def run_local(manifest_path: str, *, workdir: str | None = None, mounts: list[st
     wd = Path(workdir or Path("output") / name).resolve()
     wd.mkdir(parents=True, exist_ok=True)
     try:
-        nodes = local_plan(manifest, manifest_dir=path.resolve().parent, workdir=wd, mounts=mounts or [],
-                           master_port=_free_port())
+        nodes = local_plan(
+            manifest, manifest_dir=path.resolve().parent, workdir=wd, mounts=mounts or [], master_port=_free_port()
+        )
     except (SpecError, KeyError, TypeError, ValueError) as e:
         print(f"invalid FineTuneJob {manifest_path}: {e}", file=sys.stderr)
         return 78
@@ -171,12 +174,18 @@ def run_local(manifest_path: str, *, workdir: str | None = None, mounts: list[st
     for rank, (cfg, env) in enumerate(nodes):
         cfg_file = wd / f"config-node{rank}.json"
         cfg_file.write_text(json.dumps(cfg, indent=2))
-        node_env = {**base_env, **env, "FINETUNE_CONFIG": str(cfg_file),
-                    "FINETUNE_TERMINATION_LOG": str(wd / f"termination-node{rank}.json"),
-                    "HF_HOME": str(wd / "hf-home"), "PYTHONUNBUFFERED": "1"}
+        node_env = {
+            **base_env,
+            **env,
+            "FINETUNE_CONFIG": str(cfg_file),
+            "FINETUNE_TERMINATION_LOG": str(wd / f"termination-node{rank}.json"),
+            "HF_HOME": str(wd / "hf-home"),
+            "PYTHONUNBUFFERED": "1",
+        }
         print(f"run-local: node {rank}: metrics at http://127.0.0.1:{cfg['metrics']['port']}/metrics")
-        proc = subprocess.Popen(_trainer_command(), env=node_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            _trainer_command(), env=node_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log = open(wd / f"node{rank}.log", "wb")  # noqa: SIM115 - closed when the pump ends
         t = threading.Thread(target=_pump, args=(proc.stdout, f"[node {rank}] ", log, rank == 0), daemon=True)
         t.start()
@@ -194,8 +203,10 @@ def run_local(manifest_path: str, *, workdir: str | None = None, mounts: list[st
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 rank, code = failed[0]
-                print(f"run-local: node {rank} exited {code}; stopping the other nodes "
-                      f"(see {wd / f'node{rank}.log'})", file=sys.stderr)
+                print(
+                    f"run-local: node {rank} exited {code}; stopping the other nodes (see {wd / f'node{rank}.log'})",
+                    file=sys.stderr,
+                )
                 break
             if all(c == 0 for c in codes):
                 break

@@ -89,8 +89,14 @@ def _read(conn: http.client.HTTPConnection, url: str, path: str, left: Callable[
 class Scraper:
     """At most one scrape in flight per job, at most ``workers`` in all."""
 
-    def __init__(self, *, interval: float, on_done: Callable[[Key], None], workers: int = 4,
-                 fetch: Callable[[str], str] = fetch_metrics) -> None:
+    def __init__(
+        self,
+        *,
+        interval: float,
+        on_done: Callable[[Key], None],
+        workers: int = 4,
+        fetch: Callable[[str], str] = fetch_metrics,
+    ) -> None:
         self.interval = interval
         self.on_done = on_done
         self.fetch = fetch

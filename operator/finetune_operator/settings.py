@@ -129,11 +129,13 @@ class Settings:
             watch_cache=os.environ.get("FINETUNE_WATCH_CACHE", "1").lower() not in ("0", "false", "no"),
             max_disruptions=_int("FINETUNE_MAX_DISRUPTIONS", cls.max_disruptions),
             waiting_timeout_seconds=_int("FINETUNE_WAITING_TIMEOUT_SECONDS", cls.waiting_timeout_seconds),
-            restart_force_delete_after_seconds=_int("FINETUNE_FORCE_DELETE_AFTER_SECONDS",
-                                                    cls.restart_force_delete_after_seconds),
+            restart_force_delete_after_seconds=_int(
+                "FINETUNE_FORCE_DELETE_AFTER_SECONDS", cls.restart_force_delete_after_seconds
+            ),
             force_delete=_choice("FINETUNE_FORCE_DELETE", cls.force_delete, ("not-ready", "out-of-service", "never")),
-            failure_restart_grace_seconds=_int("FINETUNE_FAILURE_RESTART_GRACE_SECONDS",
-                                               cls.failure_restart_grace_seconds),
+            failure_restart_grace_seconds=_int(
+                "FINETUNE_FAILURE_RESTART_GRACE_SECONDS", cls.failure_restart_grace_seconds
+            ),
             progress_interval_seconds=_int("FINETUNE_PROGRESS_INTERVAL_SECONDS", cls.progress_interval_seconds),
             metrics_port=_int("FINETUNE_METRICS_PORT", cls.metrics_port),
             peering_lifetime_seconds=_int("FINETUNE_PEERING_LIFETIME_SECONDS", cls.peering_lifetime_seconds),
@@ -150,8 +152,14 @@ class Settings:
             max_gpus_per_namespace=_int("FINETUNE_MAX_GPUS_PER_NAMESPACE", 0),
             network_policy=os.environ.get("FINETUNE_NETWORK_POLICY", "true").lower() not in ("0", "false", "no"),
             metrics_from=_peers("FINETUNE_NETWORK_POLICY_METRICS_FROM"),
-            trainer_node_selector=tuple(sorted((str(k), str(v)) for k, v in _json_env(
-                "FINETUNE_TRAINER_NODE_SELECTOR", dict, "a JSON object of node labels").items())),
+            trainer_node_selector=tuple(
+                sorted(
+                    (str(k), str(v))
+                    for k, v in _json_env(
+                        "FINETUNE_TRAINER_NODE_SELECTOR", dict, "a JSON object of node labels"
+                    ).items()
+                )
+            ),
             trainer_tolerations=tuple(_json_env("FINETUNE_TRAINER_TOLERATIONS", list, "a JSON list of tolerations")),
             trainer_priority_class=os.environ.get("FINETUNE_TRAINER_PRIORITY_CLASS", ""),
             trainer_image_pull_secrets=_list("FINETUNE_TRAINER_IMAGE_PULL_SECRETS"),

@@ -26,22 +26,51 @@ MAX_NAME = 54  # "<name>-node-511" must fit a 63-character DNS label
 QUEUE_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a LocalQueue name that is a label value
 
 # Env names the operator owns (the rendezvous contract); the CRD rejects them too.
-RESERVED_ENV = frozenset({
-    "NNODES", "NPROC_PER_NODE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HF_TOKEN",
-})
+RESERVED_ENV = frozenset(
+    {
+        "NNODES",
+        "NPROC_PER_NODE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "HF_TOKEN",
+    }
+)
 RESERVED_ENV_PREFIXES = ("PET_", "FINETUNE_", "TORCHELASTIC_")
 # Env the NVIDIA container runtime reads to expose GPUs and driver capabilities: set by a tenant, they would reach
 # GPUs the pod never requested (the device plugin sets them from the pod's nvidia.com/gpu request). Reserved too.
-GPU_VISIBILITY_ENV = frozenset({
-    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES",
-    "CUDA_VISIBLE_DEVICES",
-})
+GPU_VISIBILITY_ENV = frozenset(
+    {
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
 # Env that loads code from outside the image (the dynamic linker, Python, CUDA and NCCL plugins, PATH for the
 # trainer's own command); refused where the platform restricts images (guardrails).
-CODE_LOADING_ENV = frozenset({"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "PYTHONPATH",
-                              "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "CUDA_INJECTION64_PATH",
-                              "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN"})
+CODE_LOADING_ENV = frozenset(
+    {
+        "PATH",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "GCONV_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "CUDA_INJECTION64_PATH",
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN",
+    }
+)
 KUEUE_PREFIX = "kueue.x-k8s.io/"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass: checked like priorityClassName
 
@@ -53,7 +82,8 @@ MANAGED_TRAINING_ARGS: dict[str, str] = json.loads(
 # What each trainer stack's TrainingArguments accepts (hack/training_args.py generates it from the stacks' locks):
 # "default" for the default image, "ort" for the ONNX Runtime image.
 TRAINING_ARGS: dict[str, dict[str, Any]] = json.loads(
-    resources.files("finetune_operator").joinpath("training_args.json").read_text(encoding="utf-8"))
+    resources.files("finetune_operator").joinpath("training_args.json").read_text(encoding="utf-8")
+)
 RESERVED_MOUNTS = ("/etc/finetune", "/output", "/dev/shm", "/tmp")
 CACHE_MOUNT = "/cache"  # the shared Hugging Face cache (spec.cache), when set
 OPERATOR_VOLUMES = ("config", "output", "shm", "tmp", "hf-cache")
@@ -94,8 +124,11 @@ class _Errors:
         v = d.get(key)
         if v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and isinstance(v, float)
-                                                                      and not v.is_integer()):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or (kind is int and isinstance(v, float) and not v.is_integer())
+        ):
             what = "a whole number" if kind is int else "a number"
             self.add(field_path, f"must be {what}, got {v!r}")
             return default
@@ -310,8 +343,24 @@ def _get(d: dict[str, Any], key: str, default: Any = None) -> Any:
 QUANTITY_RE = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
 
 
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 1e-3,
-           "n": 1e-9, "u": 1e-6, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIX = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": 1e-3,
+    "n": 1e-9,
+    "u": 1e-6,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 
 
 def quantity_bytes(value: Any) -> float:
@@ -344,13 +393,16 @@ def _gpus(resources: dict[str, dict[str, Any]]) -> tuple[int, bool]:
             try:
                 counts[name] = int(str(values[name]))
             except ValueError as e:
-                raise SpecError(f"spec.resources.{section}['{name}']",
-                                f"must be a whole number of GPUs, got {values[name]!r}") from e
+                raise SpecError(
+                    f"spec.resources.{section}['{name}']", f"must be a whole number of GPUs, got {values[name]!r}"
+                ) from e
         mig = [n for n in names if n.startswith(MIG_RESOURCE_PREFIX) and counts[n]]
         if mig and (len(mig) > 1 or counts[mig[0]] > 1 or counts.get(GPU_RESOURCE)):
-            raise SpecError(f"spec.resources.{section}['{mig[0]}']",
-                            "a trainer pod takes at most one MIG slice (and no whole GPUs with it): a CUDA process "
-                            "sees a single MIG device; ask for more slices with spec.nodes")
+            raise SpecError(
+                f"spec.resources.{section}['{mig[0]}']",
+                "a trainer pod takes at most one MIG slice (and no whole GPUs with it): a CUDA process "
+                "sees a single MIG device; ask for more slices with spec.nodes",
+            )
         return sum(counts.values()), bool(mig)
     return 0, False
 
@@ -361,26 +413,37 @@ ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce
 def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
     path = out.get("path")
     if path is not None and any(seg in ("", ".", "..") for seg in str(path).split("/")):
-        errors.add("spec.output.path", f"{path!r}: a directory inside the claim, without '.' or '..' segments "
-                   "(it may not leave the claim or reach another job's directory)")
+        errors.add(
+            "spec.output.path",
+            f"{path!r}: a directory inside the claim, without '.' or '..' segments "
+            "(it may not leave the claim or reach another job's directory)",
+        )
     claim, template = out.get("claimName"), out.get("volumeClaimTemplate")
     if (claim is None) == (template is None):
-        errors.add("spec.output", "set exactly one of spec.output.claimName (an existing claim) or "
-                   "spec.output.volumeClaimTemplate (the operator creates the claim)")
+        errors.add(
+            "spec.output",
+            "set exactly one of spec.output.claimName (an existing claim) or "
+            "spec.output.volumeClaimTemplate (the operator creates the claim)",
+        )
     if isinstance(template, dict):
         pvc = template.get("spec") or {}
         modes = list(pvc.get("accessModes") or ())
         if not modes or any(m not in ACCESS_MODES for m in modes):
-            errors.add("spec.output.volumeClaimTemplate.spec.accessModes",
-                       f"must list access modes from {', '.join(ACCESS_MODES)}, got {modes!r}")
+            errors.add(
+                "spec.output.volumeClaimTemplate.spec.accessModes",
+                f"must list access modes from {', '.join(ACCESS_MODES)}, got {modes!r}",
+            )
         elif nodes > 1 and "ReadWriteMany" not in modes:
-            errors.add("spec.output.volumeClaimTemplate.spec.accessModes",
-                       f"must include ReadWriteMany: all {nodes} nodes write checkpoints into the claim "
-                       "(or run on 1 node)")
+            errors.add(
+                "spec.output.volumeClaimTemplate.spec.accessModes",
+                f"must include ReadWriteMany: all {nodes} nodes write checkpoints into the claim (or run on 1 node)",
+            )
         storage = ((pvc.get("resources") or {}).get("requests") or {}).get("storage")
         if storage is None:
-            errors.add("spec.output.volumeClaimTemplate.spec.resources.requests.storage",
-                       "is required: the size of the claim, for example 100Gi")
+            errors.add(
+                "spec.output.volumeClaimTemplate.spec.resources.requests.storage",
+                "is required: the size of the claim, for example 100Gi",
+            )
         else:
             try:
                 _check_quantity("spec.output.volumeClaimTemplate.spec.resources.requests.storage", storage)
@@ -393,17 +456,29 @@ def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
         errors.add("spec.output.pushToHub.repo", "is required: the Hub repository to push to, e.g. my-org/my-model")
     if s3 and not s3.get("uri"):
         errors.add("spec.output.s3.uri", "is required: where the model goes, e.g. s3://bucket/prefix")
-    return Output(claim_name=claim, path=out.get("path"), template=template if isinstance(template, dict) else None,
-                  reclaim_policy=_get(out, "reclaimPolicy", "Delete"),
-                  push_to_hub=HubPush(repo=str(hub.get("repo", "")), private=bool(_get(hub, "private", True)),
-                                      endpoint=hub.get("endpoint"),
-                                      secret=SecretKeyRef(hub_secret["name"], _get(hub_secret, "key", "token"))
-                                      if hub_secret else None) if hub else None,
-                  s3=S3Export(uri=str(s3.get("uri", "")), endpoint=s3.get("endpoint"), region=s3.get("region"),
-                              secret_name=(s3.get("secretRef") or {}).get("name"),
-                              allow_instance_metadata=errors.flag(s3, "allowInstanceMetadata",
-                                                                  "spec.output.s3.allowInstanceMetadata"))
-                  if s3 else None)
+    return Output(
+        claim_name=claim,
+        path=out.get("path"),
+        template=template if isinstance(template, dict) else None,
+        reclaim_policy=_get(out, "reclaimPolicy", "Delete"),
+        push_to_hub=HubPush(
+            repo=str(hub.get("repo", "")),
+            private=bool(_get(hub, "private", True)),
+            endpoint=hub.get("endpoint"),
+            secret=SecretKeyRef(hub_secret["name"], _get(hub_secret, "key", "token")) if hub_secret else None,
+        )
+        if hub
+        else None,
+        s3=S3Export(
+            uri=str(s3.get("uri", "")),
+            endpoint=s3.get("endpoint"),
+            region=s3.get("region"),
+            secret_name=(s3.get("secretRef") or {}).get("name"),
+            allow_instance_metadata=errors.flag(s3, "allowInstanceMetadata", "spec.output.s3.allowInstanceMetadata"),
+        )
+        if s3
+        else None,
+    )
 
 
 def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
@@ -419,24 +494,34 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
         if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
             errors.add(f"{f}.lora.targetModules", f"must be a list of module names, got {modules!r}")
             modules = ()
-        lora = Lora(r=r or 0, alpha=num(lora_d, "alpha", f"{f}.lora.alpha", None, int),
-                    dropout=num(lora_d, "dropout", f"{f}.lora.dropout", 0.05, float),
-                    target_modules=tuple(modules), quantization=lora_d.get("quantization"),
-                    merge=errors.flag(lora_d, "merge", f"{f}.lora.merge"))
+        lora = Lora(
+            r=r or 0,
+            alpha=num(lora_d, "alpha", f"{f}.lora.alpha", None, int),
+            dropout=num(lora_d, "dropout", f"{f}.lora.dropout", 0.05, float),
+            target_modules=tuple(modules),
+            quantization=lora_d.get("quantization"),
+            merge=errors.flag(lora_d, "merge", f"{f}.lora.merge"),
+        )
     extra = errors.section(t, "extraArgs", f"{f}.extraArgs")
     training = Training(
-        epochs=num(t, "epochs", f"{f}.epochs", None, float), max_steps=num(t, "maxSteps", f"{f}.maxSteps", None, int),
+        epochs=num(t, "epochs", f"{f}.epochs", None, float),
+        max_steps=num(t, "maxSteps", f"{f}.maxSteps", None, int),
         per_device_batch_size=num(t, "perDeviceBatchSize", f"{f}.perDeviceBatchSize", 8, int),
         gradient_accumulation_steps=num(t, "gradientAccumulationSteps", f"{f}.gradientAccumulationSteps", 1, int),
         learning_rate=num(t, "learningRate", f"{f}.learningRate", 5e-5, float),
         max_seq_length=num(t, "maxSeqLength", f"{f}.maxSeqLength", 512, int),
-        precision=_get(t, "precision", "auto"), seed=num(t, "seed", f"{f}.seed", 42, int),
+        precision=_get(t, "precision", "auto"),
+        seed=num(t, "seed", f"{f}.seed", 42, int),
         checkpoint_every_steps=num(t, "checkpointEverySteps", f"{f}.checkpointEverySteps", 500, int),
         keep_checkpoints=num(t, "keepCheckpoints", f"{f}.keepCheckpoints", 2, int),
-        evaluation=Evaluation(strategy=_get(ev, "strategy", "no"),
-                              every_steps=num(ev, "everySteps", f"{f}.evaluation.everySteps", None, int)),
-        extra_args=dict(extra), lora=lora,
-        packing=errors.flag(t, "packing", f"{f}.packing"), loss_on=_get(t, "lossOn", "completion"),
+        evaluation=Evaluation(
+            strategy=_get(ev, "strategy", "no"),
+            every_steps=num(ev, "everySteps", f"{f}.evaluation.everySteps", None, int),
+        ),
+        extra_args=dict(extra),
+        lora=lora,
+        packing=errors.flag(t, "packing", f"{f}.packing"),
+        loss_on=_get(t, "lossOn", "completion"),
         sharding=_get(t, "sharding", "none"),
         activation_checkpointing=errors.flag(t, "activationCheckpointing", f"{f}.activationCheckpointing"),
     )
@@ -459,24 +544,37 @@ def _parse_volumes(pt: dict[str, Any], cache: bool, errors: _Errors) -> tuple[Ex
             continue
         sources = {k: v[k] for k in ("persistentVolumeClaim", "configMap", "secret", "emptyDir") if k in v}
         if len(sources) != 1:
-            errors.add(field_path, "needs exactly one of persistentVolumeClaim, configMap, secret or emptyDir "
-                       "(other volume types are not allowed)")
+            errors.add(
+                field_path,
+                "needs exactly one of persistentVolumeClaim, configMap, secret or emptyDir "
+                "(other volume types are not allowed)",
+            )
         raw = str(v.get("mountPath", ""))
         if not normal_path(raw):
-            errors.add(f"{field_path}.mountPath", f"{raw!r} must be an absolute path in normal form: one leading "
-                       "'/', no empty, '.' or '..' segments and no trailing '/' (for example /data)")
+            errors.add(
+                f"{field_path}.mountPath",
+                f"{raw!r} must be an absolute path in normal form: one leading "
+                "'/', no empty, '.' or '..' segments and no trailing '/' (for example /data)",
+            )
         else:
             for reserved in (*RESERVED_MOUNTS, *((CACHE_MOUNT,) if cache else ())):
                 if paths_overlap(raw, reserved):
-                    errors.add(f"{field_path}.mountPath",
-                               f"{raw} overlaps {reserved}, which the operator mounts; pick another path")
+                    errors.add(
+                        f"{field_path}.mountPath",
+                        f"{raw} overlaps {reserved}, which the operator mounts; pick another path",
+                    )
                     break
-        volumes.append(ExtraVolume(name=str(v.get("name", "")), mount_path=raw,
-                                   read_only=bool(v.get("readOnly", False)), source=sources))
+        volumes.append(
+            ExtraVolume(
+                name=str(v.get("name", "")), mount_path=raw, read_only=bool(v.get("readOnly", False)), source=sources
+            )
+        )
     names = [v.name for v in volumes]
     if len(set(names)) != len(names) or set(OPERATOR_VOLUMES) & set(names):
-        errors.add("spec.podTemplate.volumes", "volume names must be unique and not one of "
-                   f"{', '.join(OPERATOR_VOLUMES)} (used by the operator)")
+        errors.add(
+            "spec.podTemplate.volumes",
+            f"volume names must be unique and not one of {', '.join(OPERATOR_VOLUMES)} (used by the operator)",
+        )
     return tuple(volumes)
 
 
@@ -492,16 +590,29 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     m, d = spec.get("model") or {}, spec.get("dataset") or {}
     m, d = (m if isinstance(m, dict) else {}), (d if isinstance(d, dict) else {})
     t = errors.section(spec, "training", "spec.training")
-    model = Model(name=m.get("name"), path=m.get("path"), revision=m.get("revision"),
-                  init_from_config=errors.flag(m, "initFromConfig", "spec.model.initFromConfig"),
-                  trust_remote_code=errors.flag(m, "trustRemoteCode", "spec.model.trustRemoteCode"))
+    model = Model(
+        name=m.get("name"),
+        path=m.get("path"),
+        revision=m.get("revision"),
+        init_from_config=errors.flag(m, "initFromConfig", "spec.model.initFromConfig"),
+        trust_remote_code=errors.flag(m, "trustRemoteCode", "spec.model.trustRemoteCode"),
+    )
     if "model" in spec and isinstance(spec["model"], dict) and (model.name is None) == (model.path is None):
         errors.add("spec.model", "set exactly one of spec.model.name (Hub id) or spec.model.path")
-    dataset = Dataset(name=d.get("name"), config=d.get("config"), split=_get(d, "split", "train"),
-                      eval_split=d.get("evalSplit"), path=d.get("path"), format=d.get("format"),
-                      text_field=_get(d, "textField", "text"), text_pair_field=d.get("textPairField"),
-                      label_field=_get(d, "labelField", "label"), messages_field=d.get("messagesField"),
-                      prompt_field=d.get("promptField"), completion_field=d.get("completionField"))
+    dataset = Dataset(
+        name=d.get("name"),
+        config=d.get("config"),
+        split=_get(d, "split", "train"),
+        eval_split=d.get("evalSplit"),
+        path=d.get("path"),
+        format=d.get("format"),
+        text_field=_get(d, "textField", "text"),
+        text_pair_field=d.get("textPairField"),
+        label_field=_get(d, "labelField", "label"),
+        messages_field=d.get("messagesField"),
+        prompt_field=d.get("promptField"),
+        completion_field=d.get("completionField"),
+    )
     if "dataset" in spec and isinstance(spec["dataset"], dict) and (dataset.name is None) == (dataset.path is None):
         errors.add("spec.dataset", "set exactly one of spec.dataset.name (Hub id) or spec.dataset.path")
     training = _parse_training(t, errors)
@@ -512,8 +623,10 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     if training.packing and task != "causal-lm":
         errors.add("spec.training.packing", f"packing is for task causal-lm, not {task}")
     if training.evaluation.strategy != "no" and dataset.eval_split is None:
-        errors.add("spec.dataset.evalSplit", "is required when spec.training.evaluation.strategy is "
-                   f"{training.evaluation.strategy!r}")
+        errors.add(
+            "spec.dataset.evalSplit",
+            f"is required when spec.training.evaluation.strategy is {training.evaluation.strategy!r}",
+        )
 
     resources: dict[str, dict[str, Any]] = {}
     for section, values in errors.section(spec, "resources", "spec.resources").items():
@@ -533,9 +646,12 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         _check_quantity("spec.shmSize", shm)
         if memory is not None and QUANTITY_RE.match(str(memory)) and quantity_bytes(shm) >= quantity_bytes(memory):
             # /dev/shm is a tmpfs: what the trainer writes there counts against the container's memory limit.
-            errors.add("spec.shmSize", f"{shm} is not below the memory limit {memory} "
-                       "(spec.resources.limits.memory), and /dev/shm counts against it; lower shmSize or raise "
-                       "the limit")
+            errors.add(
+                "spec.shmSize",
+                f"{shm} is not below the memory limit {memory} "
+                "(spec.resources.limits.memory), and /dev/shm counts against it; lower shmSize or raise "
+                "the limit",
+            )
     except SpecError as bad:
         errors.take(bad)
     except ValueError as bad:
@@ -549,8 +665,11 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     if procs is None:
         procs = gpus or 1
     elif gpus and procs != gpus:
-        errors.add("spec.procsPerNode", f"is {procs} but each node gets {gpus} GPUs; make them equal, "
-                   "or leave procsPerNode unset to derive it from the GPUs")
+        errors.add(
+            "spec.procsPerNode",
+            f"is {procs} but each node gets {gpus} GPUs; make them equal, "
+            "or leave procsPerNode unset to derive it from the GPUs",
+        )
 
     env = tuple(dict(item) for item in _get(spec, "env", ()) if isinstance(item, dict))
     for i, var in enumerate(env):
@@ -559,33 +678,51 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
             errors.add(f"spec.env[{i}].name", f"{name} is reserved by the rendezvous contract; remove it")
 
     nodes = errors.number(spec, "nodes", "spec.nodes", 1, int)
-    output = _parse_output(spec["output"] if isinstance(spec.get("output"), dict) else {}, nodes, errors) \
-        if isinstance(spec.get("output"), dict) else Output()
+    output = (
+        _parse_output(spec["output"] if isinstance(spec.get("output"), dict) else {}, nodes, errors)
+        if isinstance(spec.get("output"), dict)
+        else Output()
+    )
     acceleration = _get(spec, "acceleration", "auto")
     if lora := training.lora:
         if lora.quantization and not gpus:
-            errors.add("spec.training.lora.quantization", "QLoRA (4-bit base through bitsandbytes) trains on "
-                       "GPUs only; request them in spec.resources.limits (nvidia.com/gpu) or remove the "
-                       "quantization to train plain LoRA")
+            errors.add(
+                "spec.training.lora.quantization",
+                "QLoRA (4-bit base through bitsandbytes) trains on "
+                "GPUs only; request them in spec.resources.limits (nvidia.com/gpu) or remove the "
+                "quantization to train plain LoRA",
+            )
         if lora.quantization and model.init_from_config:
-            errors.add("spec.training.lora.quantization", "QLoRA quantizes pretrained weights as they load; "
-                       "spec.model.initFromConfig has none. Point spec.model at saved weights")
+            errors.add(
+                "spec.training.lora.quantization",
+                "QLoRA quantizes pretrained weights as they load; "
+                "spec.model.initFromConfig has none. Point spec.model at saved weights",
+            )
         if lora.quantization and training.sharding == "fsdp":
             errors.add("spec.training.sharding", "QLoRA and FSDP do not combine; drop one of them")
     for feature, field_path in (("QLoRA", "spec.training.lora.quantization"), ("FSDP", "spec.training.sharding")):
         used = (lora is not None and lora.quantization) if feature == "QLoRA" else training.sharding == "fsdp"
         if used and acceleration == "ort":
-            errors.add(field_path, f"{feature} is not available with acceleration ort (ORTTrainer); set "
-                       "spec.acceleration to auto, none or compile")
+            errors.add(
+                field_path,
+                f"{feature} is not available with acceleration ort (ORTTrainer); set "
+                "spec.acceleration to auto, none or compile",
+            )
     tok = errors.section(spec, "hfTokenSecretRef", "spec.hfTokenSecretRef")
     if output.push_to_hub and output.push_to_hub.secret is None and not tok:
-        errors.add("spec.output.pushToHub.secretRef", "pushing to the Hub needs a token with write access: "
-                   "name a Secret key holding one (or set spec.hfTokenSecretRef)")
+        errors.add(
+            "spec.output.pushToHub.secretRef",
+            "pushing to the Hub needs a token with write access: "
+            "name a Secret key holding one (or set spec.hfTokenSecretRef)",
+        )
     queue = spec.get("queueName")
     if queue is not None and not QUEUE_RE.match(str(queue)):
-        errors.add("spec.queueName", f"{queue!r} must name a LocalQueue: at most 63 lowercase letters, digits, "
-                   "'-' and '.', beginning and ending with a letter or digit (it becomes the pod label "
-                   "kueue.x-k8s.io/queue-name)")
+        errors.add(
+            "spec.queueName",
+            f"{queue!r} must name a LocalQueue: at most 63 lowercase letters, digits, "
+            "'-' and '.', beginning and ending with a letter or digit (it becomes the pod label "
+            "kueue.x-k8s.io/queue-name)",
+        )
     cache_d = spec.get("cache")
     if cache_d is not None and not (isinstance(cache_d, dict) and cache_d.get("claimName")):
         errors.add("spec.cache.claimName", "is required: a ReadWriteMany claim for the shared Hugging Face cache")
@@ -594,10 +731,14 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     net = errors.section(spec, "network", "spec.network")
     pt = errors.section(spec, "podTemplate", "spec.podTemplate")
     pod_template = PodTemplate(
-        labels=dict(_get(pt, "labels", {})), annotations=dict(_get(pt, "annotations", {})),
-        node_selector=dict(_get(pt, "nodeSelector", {})), tolerations=tuple(_get(pt, "tolerations", ())),
-        affinity=pt.get("affinity"), priority_class_name=pt.get("priorityClassName"),
-        scheduler_name=pt.get("schedulerName"), service_account_name=pt.get("serviceAccountName"),
+        labels=dict(_get(pt, "labels", {})),
+        annotations=dict(_get(pt, "annotations", {})),
+        node_selector=dict(_get(pt, "nodeSelector", {})),
+        tolerations=tuple(_get(pt, "tolerations", ())),
+        affinity=pt.get("affinity"),
+        priority_class_name=pt.get("priorityClassName"),
+        scheduler_name=pt.get("schedulerName"),
+        service_account_name=pt.get("serviceAccountName"),
         image_pull_secrets=tuple(s["name"] for s in _get(pt, "imagePullSecrets", ()) if isinstance(s, dict)),
         volumes=_parse_volumes(pt, cache is not None, errors),
     )
@@ -605,37 +746,69 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         if k.startswith("finetune.dev/"):
             errors.add(f"spec.podTemplate.labels['{k}']", "the finetune.dev/ prefix is reserved; rename it")
     job_spec = JobSpec(
-        model=model, dataset=dataset, output=output,
-        task=task, training=training,
-        acceleration=acceleration, nodes=nodes, procs_per_node=procs,
-        gpus_per_node=gpus, mig=mig, resources=resources, image=spec.get("image"),
-        image_pull_policy=spec.get("imagePullPolicy"), env=env,
+        model=model,
+        dataset=dataset,
+        output=output,
+        task=task,
+        training=training,
+        acceleration=acceleration,
+        nodes=nodes,
+        procs_per_node=procs,
+        gpus_per_node=gpus,
+        mig=mig,
+        resources=resources,
+        image=spec.get("image"),
+        image_pull_policy=spec.get("imagePullPolicy"),
+        env=env,
         hf_token=SecretKeyRef(name=tok["name"], key=_get(tok, "key", "token")) if tok.get("name") else None,
         max_restarts=errors.number(spec, "maxRestarts", "spec.maxRestarts", 3, int),
         active_deadline_seconds=errors.number(spec, "activeDeadlineSeconds", "spec.activeDeadlineSeconds", None, int),
-        ttl_seconds_after_finished=errors.number(spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished",
-                                                 None, int),
+        ttl_seconds_after_finished=errors.number(
+            spec, "ttlSecondsAfterFinished", "spec.ttlSecondsAfterFinished", None, int
+        ),
         suspend=errors.flag(spec, "suspend", "spec.suspend"),
-        termination_grace_period_seconds=errors.number(spec, "terminationGracePeriodSeconds",
-                                                       "spec.terminationGracePeriodSeconds", 120, int),
-        rendezvous_timeout_seconds=errors.number(spec, "rendezvousTimeoutSeconds", "spec.rendezvousTimeoutSeconds",
-                                                 300, int),
-        shm_size=str(shm), queue_name=queue,
-        pod_template=pod_template, cache=cache,
-        network=Network(host_network=errors.flag(net, "hostNetwork", "spec.network.hostNetwork"),
-                        rdma=errors.flag(net, "rdma", "spec.network.rdma")),
-        pod_disruption_budget=errors.flag(errors.section(spec, "podDisruptionBudget", "spec.podDisruptionBudget"),
-                                          "enabled", "spec.podDisruptionBudget.enabled"),
+        termination_grace_period_seconds=errors.number(
+            spec, "terminationGracePeriodSeconds", "spec.terminationGracePeriodSeconds", 120, int
+        ),
+        rendezvous_timeout_seconds=errors.number(
+            spec, "rendezvousTimeoutSeconds", "spec.rendezvousTimeoutSeconds", 300, int
+        ),
+        shm_size=str(shm),
+        queue_name=queue,
+        pod_template=pod_template,
+        cache=cache,
+        network=Network(
+            host_network=errors.flag(net, "hostNetwork", "spec.network.hostNetwork"),
+            rdma=errors.flag(net, "rdma", "spec.network.rdma"),
+        ),
+        pod_disruption_budget=errors.flag(
+            errors.section(spec, "podDisruptionBudget", "spec.podDisruptionBudget"),
+            "enabled",
+            "spec.podDisruptionBudget.enabled",
+        ),
     )
     check_extra_args(job_spec, errors)
     errors.raise_any()
     return job_spec
 
 
-_JSON_TYPE = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
-              type(None): "null"}
-_TYPE_WORDS = {"boolean": "true or false", "integer": "a whole number", "number": "a number", "string": "a string",
-               "array": "a list", "object": "an object"}
+_JSON_TYPE = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
+_TYPE_WORDS = {
+    "boolean": "true or false",
+    "integer": "a whole number",
+    "number": "a number",
+    "string": "a string",
+    "array": "a list",
+    "object": "an object",
+}
 
 
 def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
@@ -646,8 +819,10 @@ def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
     if spec.image:
         return
     stack = TRAINING_ARGS["ort" if spec.acceleration == "ort" else "default"]
-    image = f"the {'ONNX Runtime' if spec.acceleration == 'ort' else 'default'} trainer image (transformers " \
-            f"{stack['transformers']})"
+    image = (
+        f"the {'ONNX Runtime' if spec.acceleration == 'ort' else 'default'} trainer image (transformers "
+        f"{stack['transformers']})"
+    )
     for key, value in spec.training.extra_args.items():
         field_path = f"spec.training.extraArgs.{key}"
         if key in MANAGED_TRAINING_ARGS:
@@ -661,22 +836,31 @@ def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
         kind = _JSON_TYPE.get(type(value), "any")
         allowed = known["type"]
         if "any" not in allowed and kind not in allowed and not (kind == "integer" and "number" in allowed):
-            errors.add(field_path, f"must be {' or '.join(_TYPE_WORDS.get(t, t) for t in allowed if t != 'null')}"
-                       f"{' (or null)' if 'null' in allowed else ''}, got {value!r}")
+            errors.add(
+                field_path,
+                f"must be {' or '.join(_TYPE_WORDS.get(t, t) for t in allowed if t != 'null')}"
+                f"{' (or null)' if 'null' in allowed else ''}, got {value!r}",
+            )
             continue
         if known.get("enum") and isinstance(value, str) and value not in known["enum"]:
             errors.add(field_path, f"{value!r} is not one of {', '.join(known['enum'])}")
         if key == "deepspeed" and value is not None and not stack["deepspeed"]:
-            errors.add(field_path, f"DeepSpeed is not installed in {image}; shard with spec.training.sharding: fsdp "
-                       "instead, or build an image that adds DeepSpeed (spec.image)")
+            errors.add(
+                field_path,
+                f"DeepSpeed is not installed in {image}; shard with spec.training.sharding: fsdp "
+                "instead, or build an image that adds DeepSpeed (spec.image)",
+            )
         if key == "report_to":
             asked = [value] if isinstance(value, str) else list(value or [])
             missing = [r for r in asked if r not in ("none", "all") and r not in stack["reportTo"]]
             if missing:
                 have = ", ".join(stack["reportTo"]) or "none"
-                errors.add(field_path, f"{', '.join(missing)}: {image} has no such integration installed (it has: "
-                           f"{have}); remove it (the trainer exports Prometheus metrics itself) or build an image "
-                           "that adds it (spec.image)")
+                errors.add(
+                    field_path,
+                    f"{', '.join(missing)}: {image} has no such integration installed (it has: "
+                    f"{have}); remove it (the trainer exports Prometheus metrics itself) or build an image "
+                    "that adds it (spec.image)",
+                )
 
 
 def check_output_path(namespace: str, name: str, spec: JobSpec) -> None:
@@ -687,8 +871,11 @@ def check_output_path(namespace: str, name: str, spec: JobSpec) -> None:
         return
     first, _, rest = path.partition("/")
     if first == namespace and rest != name and not rest.startswith(name + "/"):
-        raise SpecError("spec.output.path", f"{path!r} is inside {namespace}/, where each job of the namespace has its "
-                        f"output directory; use {namespace}/{name}/… or a path that does not start with {namespace}/")
+        raise SpecError(
+            "spec.output.path",
+            f"{path!r} is inside {namespace}/, where each job of the namespace has its "
+            f"output directory; use {namespace}/{name}/… or a path that does not start with {namespace}/",
+        )
 
 
 def check_name(name: str) -> None:

@@ -45,11 +45,16 @@ def read_job(wire: dict[str, Any]) -> Job:
     except (SpecError, KeyError, TypeError, ValueError) as e:
         error = str(e)
     ttl = raw_spec.get("ttlSecondsAfterFinished")
-    return Job(ref=JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),
-               generation=int(meta.get("generation", 1)), spec=spec, spec_error=error,
-               status=Status.from_wire(wire.get("status")),
-               ttl_seconds_after_finished=int(ttl) if isinstance(ttl, int) else None,
-               pdb_enabled=bool((raw_spec.get("podDisruptionBudget") or {}).get("enabled")), wire=wire)
+    return Job(
+        ref=JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),
+        generation=int(meta.get("generation", 1)),
+        spec=spec,
+        spec_error=error,
+        status=Status.from_wire(wire.get("status")),
+        ttl_seconds_after_finished=int(ttl) if isinstance(ttl, int) else None,
+        pdb_enabled=bool((raw_spec.get("podDisruptionBudget") or {}).get("enabled")),
+        wire=wire,
+    )
 
 
 def _label_int(labels: dict[str, str], key: str) -> int:
@@ -101,13 +106,23 @@ def read_pod(wire: dict[str, Any]) -> PodState:
         version = int(meta.get("resourceVersion") or 0)
     except (TypeError, ValueError):
         version = 0
-    return PodState(name=meta["name"], uid=meta.get("uid", ""), resource_version=version, owner_uid=owner,
-                    attempt=_label_int(labels, LABEL_ATTEMPT), rank=_label_int(labels, LABEL_RANK),
-                    phase=str(status.get("phase") or "Pending"), deletion=parse_ts(meta.get("deletionTimestamp")),
-                    ip=status.get("podIP"), failure=classify_pod(wire), waiting=waiting_problem(wire),
-                    node=(wire.get("spec") or {}).get("nodeName"), finalizers=bool(meta.get("finalizers")),
-                    gated=any(is_kueue_gate(str(g.get("name"))) for g in (wire.get("spec") or {}).get("schedulingGates")
-                              or []), queue=labels.get(QUEUE_LABEL))
+    return PodState(
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        resource_version=version,
+        owner_uid=owner,
+        attempt=_label_int(labels, LABEL_ATTEMPT),
+        rank=_label_int(labels, LABEL_RANK),
+        phase=str(status.get("phase") or "Pending"),
+        deletion=parse_ts(meta.get("deletionTimestamp")),
+        ip=status.get("podIP"),
+        failure=classify_pod(wire),
+        waiting=waiting_problem(wire),
+        node=(wire.get("spec") or {}).get("nodeName"),
+        finalizers=bool(meta.get("finalizers")),
+        gated=any(is_kueue_gate(str(g.get("name"))) for g in (wire.get("spec") or {}).get("schedulingGates") or []),
+        queue=labels.get(QUEUE_LABEL),
+    )
 
 
 def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:
@@ -127,9 +142,11 @@ class Gang:
     @classmethod
     def of(cls, pods: list[PodState], *, uid: str, attempt: int) -> Gang:
         mine = [p for p in pods if p.owner_uid == uid]
-        return cls(current=sorted((p for p in mine if p.attempt == attempt), key=lambda p: p.rank),
-                   stale=[p for p in mine if p.attempt != attempt],
-                   foreign=[p for p in pods if p.owner_uid is not None and p.owner_uid != uid])
+        return cls(
+            current=sorted((p for p in mine if p.attempt == attempt), key=lambda p: p.rank),
+            stale=[p for p in mine if p.attempt != attempt],
+            foreign=[p for p in pods if p.owner_uid is not None and p.owner_uid != uid],
+        )
 
     @property
     def mine(self) -> list[PodState]:

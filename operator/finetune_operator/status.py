@@ -18,8 +18,15 @@ PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restar
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 TERMINAL = (SUCCEEDED, FAILED)
 # The condition that explains each state (Created and Pending: the Created condition, e.g. PreviousJobTerminating).
-STATE_CONDITION = {RUNNING: "Running", RESTARTING: "Restarting", SUSPENDED: "Suspended", SUCCEEDED: "Succeeded",
-                   FAILED: "Failed", CREATED: "Created", PENDING: "Created"}
+STATE_CONDITION = {
+    RUNNING: "Running",
+    RESTARTING: "Restarting",
+    SUSPENDED: "Suspended",
+    SUCCEEDED: "Succeeded",
+    FAILED: "Failed",
+    CREATED: "Created",
+    PENDING: "Created",
+}
 STATES = (PENDING, CREATED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
 
 
@@ -83,8 +90,11 @@ class Progress:
 
     def scraped(self) -> dict[str, Any]:
         """The fields a scrape set (all but the restart accounting and the update time)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None and f.name not in ("update_time", "steps_lost_to_restarts")}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None and f.name not in ("update_time", "steps_lost_to_restarts")
+        }
 
 
 def merge_progress(old: Progress | None, scraped: Progress, *, now: datetime) -> Progress:
@@ -106,16 +116,25 @@ class Condition:
     observed_generation: int
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.type, "status": "True" if self.status else "False", "reason": self.reason,
-                "message": self.message, "lastTransitionTime": ts(self.last_transition_time),
-                "observedGeneration": self.observed_generation}
+        return {
+            "type": self.type,
+            "status": "True" if self.status else "False",
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": ts(self.last_transition_time),
+            "observedGeneration": self.observed_generation,
+        }
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Condition:
-        return cls(type=d["type"], status=d.get("status") == "True", reason=str(d.get("reason") or ""),
-                   message=str(d.get("message") or ""),
-                   last_transition_time=parse_ts(d.get("lastTransitionTime")) or datetime.fromtimestamp(0, UTC),
-                   observed_generation=int(d.get("observedGeneration") or 0))
+        return cls(
+            type=d["type"],
+            status=d.get("status") == "True",
+            reason=str(d.get("reason") or ""),
+            message=str(d.get("message") or ""),
+            last_transition_time=parse_ts(d.get("lastTransitionTime")) or datetime.fromtimestamp(0, UTC),
+            observed_generation=int(d.get("observedGeneration") or 0),
+        )
 
 
 @dataclass
@@ -152,9 +171,14 @@ class Status:
             out["state"] = self.state
             if why := self.reason():
                 out["reason"] = why  # derived, for the Reason column: never read back
-        out.update(observedGeneration=self.observed_generation, nodes=f"{self.ready_nodes}/{self.wanted_nodes}",
-                   readyNodes=self.ready_nodes, attempt=self.attempt, restarts=self.restarts,
-                   disruptions=self.disruptions)
+        out.update(
+            observedGeneration=self.observed_generation,
+            nodes=f"{self.ready_nodes}/{self.wanted_nodes}",
+            readyNodes=self.ready_nodes,
+            attempt=self.attempt,
+            restarts=self.restarts,
+            disruptions=self.disruptions,
+        )
         for name in (*self._TIMES, *self._NUMBERS):
             value = getattr(self, name)
             if value is not None:
@@ -171,13 +195,18 @@ class Status:
     def from_wire(cls, d: dict[str, Any] | None) -> Status:
         d = d or {}
         shown = str(d.get("nodes") or "0/0").partition("/")[2]
-        st = cls(state=d.get("state"), observed_generation=int(d.get("observedGeneration") or 0),
-                 ready_nodes=int(d.get("readyNodes") or 0), wanted_nodes=int(shown) if shown.isdigit() else 0,
-                 attempt=int(d.get("attempt") or 0), restarts=int(d.get("restarts") or 0),
-                 disruptions=int(d.get("disruptions") or 0),
-                 failure=Failure.from_status(d["failure"]) if d.get("failure") else None,
-                 progress=Progress.from_wire(d["progress"]) if d.get("progress") else None,
-                 conditions=[Condition.from_wire(c) for c in d.get("conditions") or []])
+        st = cls(
+            state=d.get("state"),
+            observed_generation=int(d.get("observedGeneration") or 0),
+            ready_nodes=int(d.get("readyNodes") or 0),
+            wanted_nodes=int(shown) if shown.isdigit() else 0,
+            attempt=int(d.get("attempt") or 0),
+            restarts=int(d.get("restarts") or 0),
+            disruptions=int(d.get("disruptions") or 0),
+            failure=Failure.from_status(d["failure"]) if d.get("failure") else None,
+            progress=Progress.from_wire(d["progress"]) if d.get("progress") else None,
+            conditions=[Condition.from_wire(c) for c in d.get("conditions") or []],
+        )
         for name in cls._TIMES:
             setattr(st, name, parse_ts(d.get(_camel(name))))
         for name in cls._NUMBERS:
@@ -202,8 +231,9 @@ class Status:
     def condition(self, ctype: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == ctype), None)
 
-    def set_condition(self, ctype: str, value: bool, reason: str, message: str, *, now: datetime,
-                      record_false: bool = False) -> None:
+    def set_condition(
+        self, ctype: str, value: bool, reason: str, message: str, *, now: datetime, record_false: bool = False
+    ) -> None:
         """Set one condition; lastTransitionTime moves only when its status flips. An absent condition already
         reads as False, so a False one is written only when it exists (or ``record_false``)."""
         message = message[:1024]
@@ -218,8 +248,9 @@ class Status:
 
     def set_state(self, state: str, *, now: datetime, reason: str, message: str) -> None:
         self.state = state
-        self.set_condition("Running", state == RUNNING, reason if state != RUNNING else "AllRanksRunning", message,
-                           now=now)
+        self.set_condition(
+            "Running", state == RUNNING, reason if state != RUNNING else "AllRanksRunning", message, now=now
+        )
         self.set_condition("Restarting", state == RESTARTING, reason, message, now=now)
         self.set_condition("Suspended", state == SUSPENDED, reason, message, now=now)
         if state == SUCCEEDED:

@@ -65,10 +65,16 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "namespaced": {
         "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
         "metrics": {"podMonitor": {"enabled": True}},
-        "trainer": {"image": {"repository": "registry.example.com/ml/trainer", "tag": "1.2.3", "pullPolicy": "Always"},
-                    "ortImage": {"repository": "registry.example.com/ml/trainer-ort", "tag": "1.2.3-ort"}},
-        "guardrails": {"allowedImagePrefixes": ["registry.example.com/ml/"], "allowedPriorityClasses": ["train-low"],
-                       "maxNodesPerJob": 16, "maxGpusPerJob": 128},
+        "trainer": {
+            "image": {"repository": "registry.example.com/ml/trainer", "tag": "1.2.3", "pullPolicy": "Always"},
+            "ortImage": {"repository": "registry.example.com/ml/trainer-ort", "tag": "1.2.3-ort"},
+        },
+        "guardrails": {
+            "allowedImagePrefixes": ["registry.example.com/ml/"],
+            "allowedPriorityClasses": ["train-low"],
+            "maxNodesPerJob": 16,
+            "maxGpusPerJob": 128,
+        },
     },
     "standalone-minimal": {
         "peering": {"enabled": False},
@@ -101,17 +107,33 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "commonAnnotations": {"example.com/owner": "platform-team"},
         "podDisruptionBudget": {"enabled": True},
         "openshift": {"enabled": True},
-        "trainer": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "training",
-                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    "imagePullSecrets": ["registry-cred"]},
-        "networkPolicy": {"enabled": True, "metricsFrom": [
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
-        "metrics": {"serviceMonitor": {"enabled": True, "relabelings": [
-                        {"targetLabel": "cluster", "replacement": "gpu-west", "action": "replace"}]},
-                    "podMonitor": {"enabled": True, "metricRelabelings": [
-                        {"sourceLabels": ["__name__"], "regex": "finetune_train_step_duration_seconds_bucket",
-                         "action": "drop"}]},
-                    "service": {"annotations": {"example.com/scrape": "yes"}}},
+        "trainer": {
+            "nodeSelector": {"pool": "gpu"},
+            "priorityClassName": "training",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "imagePullSecrets": ["registry-cred"],
+        },
+        "networkPolicy": {
+            "enabled": True,
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        },
+        "metrics": {
+            "serviceMonitor": {
+                "enabled": True,
+                "relabelings": [{"targetLabel": "cluster", "replacement": "gpu-west", "action": "replace"}],
+            },
+            "podMonitor": {
+                "enabled": True,
+                "metricRelabelings": [
+                    {
+                        "sourceLabels": ["__name__"],
+                        "regex": "finetune_train_step_duration_seconds_bucket",
+                        "action": "drop",
+                    }
+                ],
+            },
+            "service": {"annotations": {"example.com/scrape": "yes"}},
+        },
         "prometheusRule": {"enabled": True},
         "dashboard": {"enabled": True},
         "kueue": {"enabled": True},

@@ -188,8 +188,15 @@ def _helm_apply(
     vf = tmp / f"{release}-{verb}-values.yaml"
     vf.write_text(yaml.safe_dump(values))
     wait = ["--wait=false"] if verb == "install" else []
-    helm.run(verb, release, str(ROOT / "charts" / "finetune-operator"), f"--namespace={ns}", f"--values={vf}", *wait,
-             kubeconfig=cluster.kubeconfig)
+    helm.run(
+        verb,
+        release,
+        str(ROOT / "charts" / "finetune-operator"),
+        f"--namespace={ns}",
+        f"--values={vf}",
+        *wait,
+        kubeconfig=cluster.kubeconfig,
+    )
     manifest = helm.run("get", "manifest", release, f"--namespace={ns}", kubeconfig=cluster.kubeconfig).stdout
     return docs_of(manifest)
 
@@ -649,8 +656,11 @@ def test_helm_upgrade_mid_job_new_operator_adopts_the_running_gang(
         dump_on_failure["op"] = old
         assert old.image.endswith(":0.1.0")
         cluster.run_kubectl("apply", "-n", work, "-f", "-", input=json.dumps(SMOKE_JOB))
-        wait_for(lambda: old.alive() and _pods(cluster, work, "smoke") == ["smoke-node-0", "smoke-node-1"],
-                 timeout=120, what="the old operator to create the gang")
+        wait_for(
+            lambda: old.alive() and _pods(cluster, work, "smoke") == ["smoke-node-0", "smoke-node-1"],
+            timeout=120,
+            what="the old operator to create the gang",
+        )
         api = config.new_client_from_config(config_file=cluster.kubeconfig)
         kubelet, core = FakeKubelet(api, work), client.CoreV1Api(api)
         for pod in ("smoke-node-0", "smoke-node-1"):
@@ -668,8 +678,11 @@ def test_helm_upgrade_mid_job_new_operator_adopts_the_running_gang(
         new = Operator(rel2, kc, tmp_path / "operator-new.log", pod="new", priority=100001)
         dump_on_failure["op"] = new
         assert new.image.endswith(":0.2.0")
-        wait_for(lambda: new.alive() and "Pausing operations in favour of" in old.text(), timeout=90,
-                 what="the old replica to pause in favour of the new one (peering)")
+        wait_for(
+            lambda: new.alive() and "Pausing operations in favour of" in old.text(),
+            timeout=90,
+            what="the old replica to pause in favour of the new one (peering)",
+        )
         old.stop()
         _assert_clean_log(old)
 
@@ -679,15 +692,21 @@ def test_helm_upgrade_mid_job_new_operator_adopts_the_running_gang(
             return float(m.group(1)) if m else 0.0
 
         seen = new_passes()
-        wait_for(lambda: new.alive() and new_passes() >= seen + 2, timeout=60,
-                 what="two reconcile passes of the new operator over the running job (backstop every 5 s in v2)")
+        wait_for(
+            lambda: new.alive() and new_passes() >= seen + 2,
+            timeout=60,
+            what="two reconcile passes of the new operator over the running job (backstop every 5 s in v2)",
+        )
         st = status()
         assert (st["state"], st["attempt"], st["restarts"]) == ("Running", 0, 0), st
         assert {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(work).items} == uids
         for pod in ("smoke-node-0", "smoke-node-1"):
             kubelet.exit(pod, 0)
-        wait_for(lambda: new.alive() and status().get("state") == "Succeeded", timeout=60,
-                 what="the new operator to finish the adopted job")
+        wait_for(
+            lambda: new.alive() and status().get("state") == "Succeeded",
+            timeout=60,
+            what="the new operator to finish the adopted job",
+        )
         assert "smoke: Running -> Succeeded" in new.text()
         _assert_clean_log(new)
     finally:

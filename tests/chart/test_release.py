@@ -28,8 +28,12 @@ def test_every_version_in_the_repository_is_the_charts() -> None:
 
 
 def test_a_tag_that_disagrees_is_refused_naming_every_place(tmp_path: Path) -> None:
-    for rel in ("charts/finetune-operator/Chart.yaml", "pyproject.toml", "trainer-image/pyproject.toml",
-                "operator/finetune_operator/settings.py"):
+    for rel in (
+        "charts/finetune-operator/Chart.yaml",
+        "pyproject.toml",
+        "trainer-image/pyproject.toml",
+        "operator/finetune_operator/settings.py",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     problems = release.check("v9.9.9", root=tmp_path)
@@ -40,7 +44,7 @@ def test_the_released_chart_runs_exactly_the_images_built_with_it(helm: Helm, tm
     pinned = tmp_path / "finetune-operator"
     shutil.copytree(CHART, pinned, symlinks=False)  # as the workflow's `cp -rL`: the CRD link becomes the file
     assert release.pin(pinned, **DIGESTS) == []
-    assert (pinned / "values.yaml").read_text().count("digest: \"sha256:") == 3  # comments and layout kept
+    assert (pinned / "values.yaml").read_text().count('digest: "sha256:') == 3  # comments and layout kept
     helm.run("lint", "--strict", str(pinned))
     helm.run("package", str(pinned), f"--destination={tmp_path / 'dist'}")
     (tgz,) = (tmp_path / "dist").glob("finetune-operator-*.tgz")
@@ -67,8 +71,10 @@ def test_the_workflow_builds_every_image_and_pushes_the_pinned_chart() -> None:
     assert jobs["images"]["needs"] == "check" and jobs["chart"]["needs"] == "images"
     assert any("hack.release check" in s.get("run", "") for s in jobs["check"]["steps"])
     legs = {leg["name"]: leg for leg in jobs["images"]["strategy"]["matrix"]["include"]}
-    dockerfiles = {str(p.relative_to(ROOT)) for p in [ROOT / "operator" / "Dockerfile",
-                                                       *(ROOT / "trainer-image").glob("Dockerfile*")]}
+    dockerfiles = {
+        str(p.relative_to(ROOT))
+        for p in [ROOT / "operator" / "Dockerfile", *(ROOT / "trainer-image").glob("Dockerfile*")]
+    }
     assert {leg["dockerfile"] for leg in legs.values()} == dockerfiles  # every image the repository defines
     for leg in legs.values():
         # the context each Dockerfile's COPY lines expect (the operator's copies from the repository root)

@@ -148,8 +148,9 @@ def test_dashboard_configmap_is_the_file(helm: Helm) -> None:
     assert cm["data"]["finetune-jobs.json"] == (CHART / "files" / "dashboard.json").read_text().rstrip("\n")
 
 
-@pytest.mark.parametrize("module", ["hack.helmtools.dashboard", "hack.helmtools.crd_reference",
-                                    "hack.helmtools.chart_readme"])
+@pytest.mark.parametrize(
+    "module", ["hack.helmtools.dashboard", "hack.helmtools.crd_reference", "hack.helmtools.chart_readme"]
+)
 def test_generated_files_are_current(module: str) -> None:
     """charts/.../files/dashboard.json, docs/reference.md and the chart's README are generated; regenerate with
     `python -m <module>` (make generate)."""
@@ -159,8 +160,11 @@ def test_generated_files_are_current(module: str) -> None:
 
 def _pod_specs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The operator's pod template and the `helm test` pod."""
-    return [d["spec"]["template"]["spec"] if d["kind"] == "Deployment" else d["spec"] for d in docs
-            if d["kind"] in ("Deployment", "Pod")]
+    return [
+        d["spec"]["template"]["spec"] if d["kind"] == "Deployment" else d["spec"]
+        for d in docs
+        if d["kind"] in ("Deployment", "Pod")
+    ]
 
 
 @pytest.mark.parametrize("name", list(VALUE_SETS), ids=list(VALUE_SETS))
@@ -181,8 +185,10 @@ def test_restricted_pod_security_and_labels(helm: Helm, name: str, tmp_path: Pat
             assert sc["capabilities"]["drop"] == ["ALL"]
             if name != "monitoring-ha" and c["name"] == "operator":
                 # a memory limit by default: no tenant can grow the operator until its node runs out; no CPU limit
-                assert c["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                          "limits": {"memory": "512Mi"}}, "the operator's default resources"
+                assert c["resources"] == {
+                    "requests": {"cpu": "100m", "memory": "256Mi"},
+                    "limits": {"memory": "512Mi"},
+                }, "the operator's default resources"
     for d in docs:
         meta = d["metadata"]
         assert len(meta["name"]) <= 63, meta["name"]
@@ -240,7 +246,10 @@ def test_rbac_modes(helm: Helm) -> None:
     # cluster-scoped RBAC in namespaced mode: for humans (aggregated edit/view), and for the operator only `get` on
     # nodes (operator.forceDelete); with forceDelete.mode=never, none for the operator at all
     assert sorted(r["metadata"]["name"] for r in find(namespaced, "ClusterRole")) == [
-        "finetune-edit", "finetune-operator-nodes", "finetune-view"]
+        "finetune-edit",
+        "finetune-operator-nodes",
+        "finetune-view",
+    ]
     nodes_role = one(namespaced, "ClusterRole", "finetune-operator-nodes")
     assert nodes_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
     assert [b["roleRef"]["name"] for b in find(namespaced, "ClusterRoleBinding")] == ["finetune-operator-nodes"]
@@ -289,7 +298,9 @@ def test_notes_show_a_first_job(helm: Helm) -> None:
     ).stdout
     notes = out[out.index("NOTES:") :]
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
-    manifest = f"https://raw.githubusercontent.com/finetune-operator/finetune-operator/v{version}/examples/quickstart.yaml"
+    manifest = (
+        f"https://raw.githubusercontent.com/finetune-operator/finetune-operator/v{version}/examples/quickstart.yaml"
+    )
     assert f"kubectl -n team-a apply -f {manifest}" in notes, notes
     assert "kubectl -n team-a get ftj quickstart -w" in notes
     assert (ROOT / "examples" / "quickstart.yaml").exists()  # the file that URL serves at the release's tag
@@ -315,8 +326,9 @@ def test_operator_watches_only_trainer_pods() -> None:
     configure_kopf(settings, peering_priority=1)
     pods = kopf.Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
     assert list(settings.watching.label_selectors.collect(pods)) == ["finetune.dev/job-name"]
-    jobs = kopf.Resource(group="finetune.dev", version="v1alpha1", plural="finetunejobs", kind="FineTuneJob",
-                    namespaced=True)
+    jobs = kopf.Resource(
+        group="finetune.dev", version="v1alpha1", plural="finetunejobs", kind="FineTuneJob", namespaced=True
+    )
     assert list(settings.watching.label_selectors.collect(jobs)) == []
 
 
@@ -361,7 +373,8 @@ def test_operator_disruption_budget_and_network_policy(helm: Helm, tmp_path: Pat
     ingress_ports = [p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]]
     assert ingress_ports == ["metrics", "health"]
     assert np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": "monitoring"}
+        "kubernetes.io/metadata.name": "monitoring"
+    }
     egress_ports = sorted(p["port"] for rule in np["spec"]["egress"] for p in rule["ports"])
     assert egress_ports == [53, 53, 443, 6443, 9400]
     assert not [d for d in helm.render({}) if d["kind"] in ("PodDisruptionBudget", "NetworkPolicy")]
@@ -380,7 +393,8 @@ def test_platform_defaults_for_trainer_pods_reach_the_operator(helm: Helm) -> No
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert json.loads(env["FINETUNE_TRAINER_NODE_SELECTOR"]) == {"pool": "gpu"}
     assert json.loads(env["FINETUNE_TRAINER_TOLERATIONS"]) == [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     assert env["FINETUNE_TRAINER_PRIORITY_CLASS"] == "training"
     assert env["FINETUNE_TRAINER_IMAGE_PULL_SECRETS"] == "registry-cred"
 
@@ -389,7 +403,8 @@ def test_monitor_relabelings(helm: Helm) -> None:
     docs = helm.render(VALUE_SETS["hardened-openshift"])
     (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert sm["spec"]["endpoints"][0]["relabelings"] == [
-        {"targetLabel": "cluster", "replacement": "gpu-west", "action": "replace"}]
+        {"targetLabel": "cluster", "replacement": "gpu-west", "action": "replace"}
+    ]
     (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
     assert pm["spec"]["podMetricsEndpoints"][0]["metricRelabelings"][0]["action"] == "drop"
     plain = helm.render({"metrics": {"serviceMonitor": {"enabled": True}}})
@@ -417,8 +432,11 @@ def test_every_alerts_runbook_is_a_heading_of_this_repositorys_troubleshooting_g
     """runbook_url points at docs/troubleshooting.md#<alert in lower case> on this repository: the anchor must be a
     heading there (GitHub's anchors: lower case, punctuation dropped, spaces to dashes)."""
     rule = one(helm.render(VALUE_SETS["monitoring-ha"]), "PrometheusRule")
-    headings = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-                for line in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines() if line.startswith("#")}
+    headings = {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in (ROOT / "docs" / "troubleshooting.md").read_text().splitlines()
+        if line.startswith("#")
+    }
     rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
     assert rules
     for r in rules:

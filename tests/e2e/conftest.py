@@ -59,10 +59,13 @@ class E2E:
         return sorted(int(c.name.split("-")[1]) for c in d.glob("checkpoint-*") if (c / "COMPLETE").exists())
 
     def diagnostics(self) -> str:
-        return "\n".join([
-            "==== operator log (tail) ====", "\n".join(self.operator.output().splitlines()[-80:]),
-            self.agent.logs(self.namespace),
-        ])
+        return "\n".join(
+            [
+                "==== operator log (tail) ====",
+                "\n".join(self.operator.output().splitlines()[-80:]),
+                self.agent.logs(self.namespace),
+            ]
+        )
 
 
 @pytest.fixture
@@ -76,10 +79,17 @@ def e2e(request: pytest.FixtureRequest, cluster: Any, namespace: str, tmp_path: 
     ws.mkdir(parents=True)
     shutil.copytree(ROOT / "examples", ws / "examples")  # a copy: pods get their own /tmp
     images = {} if ort_venv_problem() else {ORT_IMAGE: ort_venv()}  # the ORT test fails on its absence itself
-    agent = NodeAgent(cluster.kubeconfig, node_name=f"agent-{namespace}"[:63], claims_dir=claims,
-                      namespace=namespace, state_dir=tmp_path / "agent", image_venvs=images).start()
-    operator = OperatorProcess(cluster.kubeconfig, namespace, FINETUNE_PROGRESS_INTERVAL_SECONDS="1",
-                               FINETUNE_ORT_IMAGE=ORT_IMAGE).start()
+    agent = NodeAgent(
+        cluster.kubeconfig,
+        node_name=f"agent-{namespace}"[:63],
+        claims_dir=claims,
+        namespace=namespace,
+        state_dir=tmp_path / "agent",
+        image_venvs=images,
+    ).start()
+    operator = OperatorProcess(
+        cluster.kubeconfig, namespace, FINETUNE_PROGRESS_INTERVAL_SECONDS="1", FINETUNE_ORT_IMAGE=ORT_IMAGE
+    ).start()
     from kubernetes import config
 
     api = config.new_client_from_config(config_file=cluster.kubeconfig)

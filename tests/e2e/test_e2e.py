@@ -30,6 +30,7 @@ def _wait_terminal(e: E2E, name: str, timeout: float, on_poll: Any = None) -> di
         if on_poll:
             on_poll(st)
         return st if st.get("state") in ("Succeeded", "Failed") else None
+
     return wait_for(probe, timeout=timeout, what=f"{name} to finish", interval=1.0)
 
 
@@ -40,8 +41,14 @@ def test_ort_job_runs_on_the_onnx_runtime_image(e2e: E2E) -> None:
     problem = ort_venv_problem()
     if problem:
         pytest.fail(problem)
-    e2e.jobs.create(tiny_job("tiny-ort", acceleration="ort", terminationGracePeriodSeconds=20,
-                             **{"training.maxSteps": 10, "training.checkpointEverySteps": 5}))
+    e2e.jobs.create(
+        tiny_job(
+            "tiny-ort",
+            acceleration="ort",
+            terminationGracePeriodSeconds=20,
+            **{"training.maxSteps": 10, "training.checkpointEverySteps": 5},
+        )
+    )
     assert {p.spec.containers[0].image for p in e2e.jobs.wait_pods("tiny-ort", 2)} == {ORT_IMAGE}
     st = _wait_terminal(e2e, "tiny-ort", TRAIN_TIMEOUT)
     assert st["state"] == "Succeeded", st

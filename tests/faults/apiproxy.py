@@ -25,19 +25,43 @@ import yaml
 from aiohttp import web
 
 FAULTS = ("429", "500", "drop")
-_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
-        "proxy-authenticate", "content-length"}
+_HOP = {
+    "host",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "content-length",
+}
 
 
 def _status_body(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, ssl_ctx: ssl.SSLContext, *, rate: float, seed: int,
-                 watch_cut_s: tuple[float, float] | None = (1.0, 6.0),
-                 after_write: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        ssl_ctx: ssl.SSLContext,
+        *,
+        rate: float,
+        seed: int,
+        watch_cut_s: tuple[float, float] | None = (1.0, 6.0),
+        after_write: Callable[[str], None] | None = None,
+    ) -> None:
         self.upstream, self.ssl_ctx, self.rate = upstream.rstrip("/"), ssl_ctx, rate
         self.rng = random.Random(seed)
         self.watch_cut_s = watch_cut_s
@@ -80,11 +104,18 @@ class FaultProxy:
 
     def write_kubeconfig(self, path: Path) -> str:
         server = f"http://127.0.0.1:{self.port}"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
-            "clusters": [{"name": "proxy", "cluster": {"server": server}}],
-            "users": [{"name": "proxy", "user": {}}],
-            "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "proxy"}}]}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "proxy",
+                    "clusters": [{"name": "proxy", "cluster": {"server": server}}],
+                    "users": [{"name": "proxy", "user": {}}],
+                    "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "proxy"}}],
+                }
+            )
+        )
         return str(path)
 
     def _serve(self) -> None:
@@ -103,8 +134,10 @@ class FaultProxy:
     async def _client(self) -> aiohttp.ClientSession:
         # aiohttp creates a session (and its connector) only inside a running event loop
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self.ssl_ctx, limit=0), auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+            connector=aiohttp.TCPConnector(ssl=self.ssl_ctx, limit=0),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        )
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -113,8 +146,13 @@ class FaultProxy:
         if request.query.get("watch") in ("1", "true"):
             return "watch"
         named = len([p for p in request.path.split("/") if p]) % 2 == 0  # .../<plural>/<name>: one object
-        return {"GET": "get" if named else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
-                "DELETE": "delete"}.get(request.method, request.method.lower())
+        return {
+            "GET": "get" if named else "list",
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete",
+        }.get(request.method, request.method.lower())
 
     def _draw(self) -> str | None:
         with self._lock:
@@ -134,8 +172,11 @@ class FaultProxy:
             with self._lock:
                 self.injected[fault] += 1
         if fault == "429":
-            return web.json_response(_status_body(429, "TooManyRequests", "injected: too many requests"),
-                                     status=429, headers={"Retry-After": "1"})
+            return web.json_response(
+                _status_body(429, "TooManyRequests", "injected: too many requests"),
+                status=429,
+                headers={"Retry-After": "1"},
+            )
         if fault == "500":
             return web.json_response(_status_body(500, "InternalError", "injected: internal error"), status=500)
         if fault == "drop":  # no answer: the client sees its connection end (as after a timeout or a crash)
@@ -153,20 +194,21 @@ class FaultProxy:
     async def _forward(self, request: web.Request, verb: str) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         body = await request.read()
-        async with self._session.request(request.method, self.upstream + request.path_qs, headers=headers,
-                                         data=body or None) as up:
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, headers=headers, data=body or None
+        ) as up:
             if self.after_write is not None and verb in ("create", "update", "patch", "delete") and up.status < 300:
                 await up.read()  # applied: the API server has answered (a refused write, a 409, changed nothing)
                 self.after_write(f"{verb} {request.path}")
                 return self._drop(request)
-            resp = web.StreamResponse(status=up.status, headers={
-                k: v for k, v in up.headers.items() if k.lower() not in _HOP})
+            resp = web.StreamResponse(
+                status=up.status, headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP}
+            )
             await resp.prepare(request)
             cut_at = None
             if verb == "watch" and self.watch_cut_s is not None:
                 with self._lock:
-                    cut_at = self._loop.time() + self.rng.uniform(*self.watch_cut_s) if self.enabled.is_set() \
-                        else None
+                    cut_at = self._loop.time() + self.rng.uniform(*self.watch_cut_s) if self.enabled.is_set() else None
             while True:
                 timeout = None if cut_at is None else max(0.0, cut_at - self._loop.time())
                 if verb == "watch":  # a hold cuts the stream within a fraction of a second

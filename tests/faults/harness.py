@@ -73,8 +73,13 @@ class PodWatch(threading.Thread):
         self.live = defaultdict(dict)
         for pod in listed.items:
             self._seen(pod, check=False)
-        for ev in watch.Watch().stream(self.core.list_namespaced_pod, self.ns, label_selector="finetune.dev/job-name",
-                                       resource_version=listed.metadata.resource_version, timeout_seconds=10):
+        for ev in watch.Watch().stream(
+            self.core.list_namespaced_pod,
+            self.ns,
+            label_selector="finetune.dev/job-name",
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=10,
+        ):
             pod = ev["object"]
             if ev["type"] == "DELETED":
                 self.live[pod.metadata.labels["finetune.dev/job-name"]].pop(pod.metadata.name, None)
@@ -90,8 +95,10 @@ class PodWatch(threading.Thread):
         if uid not in self.uids:
             others = {a for n, a in self.live[job].items() if n != name}
             if check and others - {attempt}:
-                self.seen.overlaps.append(f"{job}: {name} of attempt {attempt} created while attempt(s) "
-                                          f"{sorted(others - {attempt})} still had pods")
+                self.seen.overlaps.append(
+                    f"{job}: {name} of attempt {attempt} created while attempt(s) "
+                    f"{sorted(others - {attempt})} still had pods"
+                )
             self.uids.add(uid)
             self.seen.pods_created[job] += 1
             self.seen.attempts[job].add(attempt)
@@ -150,15 +157,24 @@ def writes_after_settling(jobs: Jobs, names: Iterable[str], seconds: float = 4.0
 KILLS_PER_ROUND = 25  # a fresh set of jobs every round, so that kills keep landing on jobs mid-lifecycle
 
 
-def check_round(jobs: Jobs, seen: Observed, finals: dict[str, dict[str, Any]], r: int,
-                scripts: tuple[Script, ...] | list[Script] = SCRIPTS) -> dict[str, Any]:
+def check_round(
+    jobs: Jobs,
+    seen: Observed,
+    finals: dict[str, dict[str, Any]],
+    r: int,
+    scripts: tuple[Script, ...] | list[Script] = SCRIPTS,
+) -> dict[str, Any]:
     """Every job of round ``r`` (named ``<script>-<r>``) against its script: final state, counters and reason, one
     attempt label per attempt, each rank created once per attempt, at most 3 events per attempt. Empty: all held."""
     wrong: dict[str, Any] = {}
     for s in scripts:
         name, st = f"{s.name}-{r}", finals[f"{s.name}-{r}"]
-        got = (st["state"], st.get("restarts"), st.get("disruptions"), st["conditions"][-1]["reason"]
-               if s.state == "Succeeded" else st["failure"]["reason"])
+        got = (
+            st["state"],
+            st.get("restarts"),
+            st.get("disruptions"),
+            st["conditions"][-1]["reason"] if s.state == "Succeeded" else st["failure"]["reason"],
+        )
         if got != (want := (s.state, s.restarts, s.disruptions, s.reason)):
             wrong[name] = {"got": got, "want": want}
         attempts = s.restarts + s.disruptions + 1
@@ -172,5 +188,3 @@ def check_round(jobs: Jobs, seen: Observed, finals: dict[str, dict[str, Any]], r
         if sum(events.values()) > 3 * attempts:
             wrong[f"{name}/events"] = dict(events)
     return wrong
-
-

@@ -61,12 +61,22 @@ def test_api_errors_and_cut_watches(cluster, api_client, namespace, tmp_path) ->
     attempts = ROUNDS * sum(s.restarts + s.disruptions + 1 for s in SCRIPTS)
     restarts = attempts - n_jobs
     requests = sum(figures["requests"].values())
-    report = {"scenario": "API errors (429/500/dropped) and cut watches", "seed": SEED, "rate": RATE,
-              "jobs": n_jobs, "restarts": restarts, **figures,
-              "violations": len(seen.overlaps) + len(wrong) + quiet_writes + (not alive),
-              "attempt_overlaps": len(seen.overlaps), "wrong_outcomes": len(wrong), "quiet_writes": quiet_writes,
-              "operator_alive": alive, "requests_per_attempt": round(requests / attempts, 1),
-              "job_lifetime_s": {"max": round(max(settle), 2)}, "pods_created": sum(seen.pods_created.values())}
+    report = {
+        "scenario": "API errors (429/500/dropped) and cut watches",
+        "seed": SEED,
+        "rate": RATE,
+        "jobs": n_jobs,
+        "restarts": restarts,
+        **figures,
+        "violations": len(seen.overlaps) + len(wrong) + quiet_writes + (not alive),
+        "attempt_overlaps": len(seen.overlaps),
+        "wrong_outcomes": len(wrong),
+        "quiet_writes": quiet_writes,
+        "operator_alive": alive,
+        "requests_per_attempt": round(requests / attempts, 1),
+        "job_lifetime_s": {"max": round(max(settle), 2)},
+        "pods_created": sum(seen.pods_created.values()),
+    }
     print(json.dumps(report))
     if out := os.environ.get("FAULTS_REPORT"):
         Path(out).with_suffix(".api-errors.json").write_text(json.dumps(report, indent=2))
@@ -126,10 +136,16 @@ def test_operator_killed_after_every_write(cluster, api_client, namespace, tmp_p
         kubelet.stop.set()
         proxy.stop()
     wrong = {n: w for n, w in check_round(jobs, seen, finals, 0, scripts=scripts).items()}
-    report = {"scenario": "operator SIGKILL after every write", "jobs": len(scripts), "kills": kills,
-              "writes": Counter(w.split()[0] for w in writes),
-              "violations": len(seen.overlaps) + len(wrong), "attempt_overlaps": len(seen.overlaps),
-              "wrong_outcomes": len(wrong), "pods_created": sum(seen.pods_created.values())}
+    report = {
+        "scenario": "operator SIGKILL after every write",
+        "jobs": len(scripts),
+        "kills": kills,
+        "writes": Counter(w.split()[0] for w in writes),
+        "violations": len(seen.overlaps) + len(wrong),
+        "attempt_overlaps": len(seen.overlaps),
+        "wrong_outcomes": len(wrong),
+        "pods_created": sum(seen.pods_created.values()),
+    }
     print(json.dumps(report))
     if out := os.environ.get("FAULTS_REPORT"):
         Path(out).with_suffix(".write-kills.json").write_text(json.dumps(report, indent=2))

@@ -43,8 +43,10 @@ def own_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, client.ApiClient
         utils.create_from_yaml(api, str(ROOT / "crds" / "finetune.dev_finetunejobs.yaml"))
         ext = client.ApiextensionsV1Api(api)
         deadline = time.monotonic() + 60
-        while not any(c.type == "Established" and c.status == "True" for c in
-                      ext.read_custom_resource_definition("finetunejobs.finetune.dev").status.conditions or []):
+        while not any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition("finetunejobs.finetune.dev").status.conditions or []
+        ):
             assert time.monotonic() < deadline, "the FineTuneJob CRD was not established"
             time.sleep(0.2)
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "faults"}})
@@ -59,8 +61,10 @@ def _what_the_cluster_holds(api: Any, op: OperatorProcess) -> str:
     lines = ["==== trainer pods ===="]
     for pod in client.CoreV1Api(api).list_namespaced_pod("faults", label_selector="finetune.dev/job-name").items:
         m = pod.metadata
-        lines.append(f"{m.name} uid={m.uid} attempt={m.labels.get('finetune.dev/attempt')} phase={pod.status.phase} "
-                     f"deletion={m.deletion_timestamp} finalizers={m.finalizers} node={pod.spec.node_name}")
+        lines.append(
+            f"{m.name} uid={m.uid} attempt={m.labels.get('finetune.dev/attempt')} phase={pod.status.phase} "
+            f"deletion={m.deletion_timestamp} finalizers={m.finalizers} node={pod.spec.node_name}"
+        )
     lines.append("==== jobs ====")
     jobs = Jobs(api, "faults")
     for s in SCRIPTS:
@@ -99,10 +103,17 @@ def test_control_plane_restarts(own_cluster: tuple[LocalCluster, Any]) -> None:
         op.stop()
         podwatch.stop.set()
         kubelet.stop.set()
-    report = {"scenario": "kube-apiserver and etcd SIGKILL and restart", "seed": SEED, "outage_s": outages,
-              "violations": len(seen.overlaps) + len(wrong) + quiet_writes + (not alive),
-              "attempt_overlaps": len(seen.overlaps), "wrong_outcomes": len(wrong), "quiet_writes": quiet_writes,
-              "operator_alive": alive, "pods_created": sum(seen.pods_created.values())}
+    report = {
+        "scenario": "kube-apiserver and etcd SIGKILL and restart",
+        "seed": SEED,
+        "outage_s": outages,
+        "violations": len(seen.overlaps) + len(wrong) + quiet_writes + (not alive),
+        "attempt_overlaps": len(seen.overlaps),
+        "wrong_outcomes": len(wrong),
+        "quiet_writes": quiet_writes,
+        "operator_alive": alive,
+        "pods_created": sum(seen.pods_created.values()),
+    }
     print(json.dumps(report))
     if out := os.environ.get("FAULTS_REPORT"):
         Path(out).with_suffix(".control-plane.json").write_text(json.dumps(report, indent=2))

@@ -48,9 +48,16 @@ class Binder(threading.Thread):
                         continue
                     names = self.nodes.names
                     node = names[int(pod.metadata.labels["finetune.dev/node-rank"]) % len(names)]
-                    self.core.create_namespaced_binding(self.ns, {
-                        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod.metadata.name},
-                        "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+                    self.core.create_namespaced_binding(
+                        self.ns,
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Binding",
+                            "metadata": {"name": pod.metadata.name},
+                            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                        },
+                        _preload_content=False,
+                    )
 
 
 def _node_of(jobs: Jobs, name: str) -> str:
@@ -91,10 +98,17 @@ def test_a_pod_on_a_hung_node_is_never_force_deleted(cluster, api_client, namesp
         podwatch.stop.set()
         binder.stop.set()
         nodes.stop()
-    figures = {"scenario": "node hung", "force_delete_after_s": FORCE_AFTER, "grace_s": GRACE,
-               "hung": {"force_deleted_events": hung_events.count("ForceDeleted"), "old_pod_kept": held,
-                        "next_attempt_before_the_old_was_gone": early},
-               "violations": len(seen.overlaps) + len(early) + hung_events.count("ForceDeleted")}
+    figures = {
+        "scenario": "node hung",
+        "force_delete_after_s": FORCE_AFTER,
+        "grace_s": GRACE,
+        "hung": {
+            "force_deleted_events": hung_events.count("ForceDeleted"),
+            "old_pod_kept": held,
+            "next_attempt_before_the_old_was_gone": early,
+        },
+        "violations": len(seen.overlaps) + len(early) + hung_events.count("ForceDeleted"),
+    }
     print(json.dumps(figures))
     if out := os.environ.get("FAULTS_REPORT"):
         Path(out).with_suffix(".node-hung.json").write_text(json.dumps(figures, indent=2))

@@ -70,15 +70,22 @@ def test_operator_sigkill_at_random_moments(cluster, api_client, namespace) -> N
         op.stop()
         podwatch.stop.set()
         kubelet.stop.set()
-    report = {"scenario": "operator SIGKILL at random moments", "seed": SEED, "kills": kills,
-              "rounds": len(settle), "jobs": len(settle) * len(SCRIPTS),
-              "operator_lifetime_s": {"min": round(min(lifetimes), 2), "max": round(max(lifetimes), 2)},
-              "violations": len(seen.overlaps) + len(wrong) + quiet_writes,
-              "attempt_overlaps": len(seen.overlaps), "wrong_outcomes": len(wrong), "quiet_writes": quiet_writes,
-              "restart_gap_s": {"p50": round(sorted(gaps)[len(gaps) // 2], 2), "max": round(max(gaps), 2)},
-              "events_per_job": {"max": max(events), "mean": round(sum(events) / len(events), 1)},
-              "settle_after_last_kill_s": {"max": round(max(settle), 2)},
-              "pods_created": sum(seen.pods_created.values())}
+    report = {
+        "scenario": "operator SIGKILL at random moments",
+        "seed": SEED,
+        "kills": kills,
+        "rounds": len(settle),
+        "jobs": len(settle) * len(SCRIPTS),
+        "operator_lifetime_s": {"min": round(min(lifetimes), 2), "max": round(max(lifetimes), 2)},
+        "violations": len(seen.overlaps) + len(wrong) + quiet_writes,
+        "attempt_overlaps": len(seen.overlaps),
+        "wrong_outcomes": len(wrong),
+        "quiet_writes": quiet_writes,
+        "restart_gap_s": {"p50": round(sorted(gaps)[len(gaps) // 2], 2), "max": round(max(gaps), 2)},
+        "events_per_job": {"max": max(events), "mean": round(sum(events) / len(events), 1)},
+        "settle_after_last_kill_s": {"max": round(max(settle), 2)},
+        "pods_created": sum(seen.pods_created.values()),
+    }
     print(json.dumps(report))
     if out := os.environ.get("FAULTS_REPORT"):
         Path(out).write_text(json.dumps(report, indent=2))

@@ -26,13 +26,18 @@ RESYNC_SECONDS = 30  # the default: the periodic list, the safety net, is 300 s 
 NOTICED_WITHIN = 40  # seconds after the relist
 
 
-def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(cluster, api_client, namespace,  # type: ignore[no-untyped-def]
-                                                                   tmp_path) -> None:
+def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
+    cluster,
+    api_client,
+    namespace,  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:
     server, tls = upstream_of(cluster.kubeconfig, tmp_path)
     proxy = FaultProxy(server, tls, rate=0.0, seed=1, watch_cut_s=None).start()
     jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
-    op = OperatorProcess(proxy.write_kubeconfig(tmp_path / "proxy.kubeconfig"), namespace,
-                         FINETUNE_RESYNC_SECONDS=str(RESYNC_SECONDS)).start()
+    op = OperatorProcess(
+        proxy.write_kubeconfig(tmp_path / "proxy.kubeconfig"), namespace, FINETUNE_RESYNC_SECONDS=str(RESYNC_SECONDS)
+    ).start()
     try:
         jobs.create(make_job("gap").nodes(2).max_restarts(2).build())
         pods = jobs.wait_pods("gap", 2, attempt=0)
@@ -43,19 +48,33 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(cluster, api_c
         proxy.hold_watches()
         time.sleep(1)
         client.CoreV1Api(api_client).delete_namespaced_pod("gap-node-1", namespace, grace_period_seconds=0)
-        wait_for(lambda: [p.metadata.name for p in jobs.pods("gap")] == ["gap-node-0"], timeout=20,
-                 what="the rank's pod to be gone")
+        wait_for(
+            lambda: [p.metadata.name for p in jobs.pods("gap")] == ["gap-node-0"],
+            timeout=20,
+            what="the rank's pod to be gone",
+        )
         time.sleep(1)
         relisted = time.monotonic()
         proxy.expire_watches()
-        wait_for(lambda: (jobs.status("gap").get("attempt") or 0) >= 1, timeout=NOTICED_WITHIN,
-                 what="the gang restart for the rank deleted in the gap")
+        wait_for(
+            lambda: (jobs.status("gap").get("attempt") or 0) >= 1,
+            timeout=NOTICED_WITHIN,
+            what="the gang restart for the rank deleted in the gap",
+        )
         noticed = time.monotonic() - relisted
         figures = proxy.figures()
     finally:
         op.stop()
         proxy.stop()
-    print(json.dumps({"scenario": "a rank deleted in a watch gap, then 410 Gone", "noticed_s": round(noticed, 1),
-                      "resync_s": RESYNC_SECONDS, **figures}))
+    print(
+        json.dumps(
+            {
+                "scenario": "a rank deleted in a watch gap, then 410 Gone",
+                "noticed_s": round(noticed, 1),
+                "resync_s": RESYNC_SECONDS,
+                **figures,
+            }
+        )
+    )
     assert figures["injected"].get("watch-410", 0) >= 1, figures
     assert "each job's are listed again" in op.output()

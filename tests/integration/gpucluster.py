@@ -17,8 +17,13 @@ from tests.integration.harness import OperatorProcess, make_job
 def make_ns(c: Cluster, level: str = "restricted") -> str:
     ns = f"g-{uuid.uuid4().hex[:6]}"
     c.run_kubectl("create", "namespace", ns)
-    c.run_kubectl("label", "namespace", ns, f"pod-security.kubernetes.io/enforce={level}",
-                  "pod-security.kubernetes.io/enforce-version=latest")
+    c.run_kubectl(
+        "label",
+        "namespace",
+        ns,
+        f"pod-security.kubernetes.io/enforce={level}",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
     return ns
 
 
@@ -28,16 +33,34 @@ def bound_claim(api: client.ApiClient, ns: str, name: str = "out", modes: tuple[
     written the way the PV controller writes it (volumeName, bind-completed, status Bound)."""
     core = client.CoreV1Api(api)
     pv = f"pv-{ns}-{name}"
-    core.create_persistent_volume({"metadata": {"name": pv, "labels": {"finetune.dev/test-ns": ns}}, "spec": {
-        "capacity": {"storage": "100Gi"}, "accessModes": list(modes), "storageClassName": "",
-        "persistentVolumeReclaimPolicy": "Retain", "nfs": {"server": "192.0.2.1", "path": f"/{ns}/{name}"},
-        "claimRef": {"namespace": ns, "name": name}}})
-    core.create_namespaced_persistent_volume_claim(ns, {
-        "metadata": {"name": name, "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
-        "spec": {"accessModes": list(modes), "storageClassName": "", "volumeName": pv,
-                 "resources": {"requests": {"storage": "100Gi"}}}})
-    core.patch_namespaced_persistent_volume_claim_status(name, ns, {"status": {
-        "phase": "Bound", "accessModes": list(modes), "capacity": {"storage": "100Gi"}}})
+    core.create_persistent_volume(
+        {
+            "metadata": {"name": pv, "labels": {"finetune.dev/test-ns": ns}},
+            "spec": {
+                "capacity": {"storage": "100Gi"},
+                "accessModes": list(modes),
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "nfs": {"server": "192.0.2.1", "path": f"/{ns}/{name}"},
+                "claimRef": {"namespace": ns, "name": name},
+            },
+        }
+    )
+    core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": name, "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+            "spec": {
+                "accessModes": list(modes),
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "100Gi"}},
+            },
+        },
+    )
+    core.patch_namespaced_persistent_volume_claim_status(
+        name, ns, {"status": {"phase": "Bound", "accessModes": list(modes), "capacity": {"storage": "100Gi"}}}
+    )
 
 
 class Operator:

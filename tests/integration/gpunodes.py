@@ -40,17 +40,42 @@ class GpuNodes:
 
     def start(self) -> GpuNodes:
         for i, name in enumerate(self.names):
-            body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
-                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "nvidia.com/gpu.present": "true"}}}
+            body: dict[str, Any] = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "nvidia.com/gpu.present": "true",
+                    },
+                },
+            }
             if self.taint:
                 body["spec"] = {"taints": [GPU_TAINT]}
             self.core.create_node(body)
             cap = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(self.gpus)}
-            self.core.patch_node_status(name, {"status": {
-                "capacity": cap, "allocatable": cap,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake",
-                                "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
-                "addresses": [{"type": "InternalIP", "address": f"10.201.0.{i + 1}"}]}})
+            self.core.patch_node_status(
+                name,
+                {
+                    "status": {
+                        "capacity": cap,
+                        "allocatable": cap,
+                        "conditions": [
+                            {
+                                "type": "Ready",
+                                "status": "True",
+                                "reason": "KubeletReady",
+                                "message": "fake",
+                                "lastHeartbeatTime": _now(),
+                                "lastTransitionTime": _now(),
+                            }
+                        ],
+                        "addresses": [{"type": "InternalIP", "address": f"10.201.0.{i + 1}"}],
+                    }
+                },
+            )
             # The TaintNodesByCondition admission plugin gives every new Node node.kubernetes.io/not-ready, which
             # the node-lifecycle controller (off here: no heartbeats) would lift once the node reports Ready.
             node = self.core.read_node(name)
@@ -76,8 +101,13 @@ class GpuNodes:
 
     def _finish_deletion(self, pod: Any) -> None:
         try:
-            self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body=client.V1DeleteOptions(
-                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)))
+            self.core.delete_namespaced_pod(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)
+                ),
+            )
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
@@ -100,23 +130,71 @@ class GpuNodes:
                 return
             if pod.status.phase not in ("Succeeded", "Failed"):  # SIGTERM: the trainer checkpoints and exits 143
                 term = {"exitCode": 143, "reason": "Error", "startedAt": _now(), "finishedAt": _now()}
-                self.core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Failed", "containerStatuses": [
-                    {"name": "trainer", "ready": False, "restartCount": 0, "image": "trainer:test", "imageID": "",
-                     "state": {"terminated": term}}]}})
+                self.core.patch_namespaced_pod_status(
+                    name,
+                    ns,
+                    {
+                        "status": {
+                            "phase": "Failed",
+                            "containerStatuses": [
+                                {
+                                    "name": "trainer",
+                                    "ready": False,
+                                    "restartCount": 0,
+                                    "image": "trainer:test",
+                                    "imageID": "",
+                                    "state": {"terminated": term},
+                                }
+                            ],
+                        }
+                    },
+                )
             self._finish_deletion(pod)
             return
         if pod.status.phase == "Pending" and name not in self.hold_running:
             ip = f"10.201.{self.names.index(node) + 1}.{abs(hash(pod.metadata.uid)) % 250 + 2}"
-            self.core.patch_namespaced_pod_status(name, ns, {"status": {
-                "phase": "Running", "podIP": ip, "hostIP": f"10.201.0.{self.names.index(node) + 1}",
-                "startTime": _now(), "conditions": [{"type": "Ready", "status": "True"}],
-                "containerStatuses": [{"name": "trainer", "ready": True, "restartCount": 0, "image": "trainer:test",
-                                       "imageID": "", "state": {"running": {"startedAt": _now()}}}]}})
+            self.core.patch_namespaced_pod_status(
+                name,
+                ns,
+                {
+                    "status": {
+                        "phase": "Running",
+                        "podIP": ip,
+                        "hostIP": f"10.201.0.{self.names.index(node) + 1}",
+                        "startTime": _now(),
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                        "containerStatuses": [
+                            {
+                                "name": "trainer",
+                                "ready": True,
+                                "restartCount": 0,
+                                "image": "trainer:test",
+                                "imageID": "",
+                                "state": {"running": {"startedAt": _now()}},
+                            }
+                        ],
+                    }
+                },
+            )
 
 
 def set_ready(core: client.CoreV1Api, node: str, status: str) -> None:
     """The node's Ready condition, as the node lifecycle controller writes it when the kubelet stops reporting
     (Unknown) or the kubelet itself (True, False)."""
-    core.patch_node_status(node, {"status": {"conditions": [
-        {"type": "Ready", "status": status, "reason": "NodeStatusUnknown" if status == "Unknown" else "KubeletReady",
-         "message": "set by the test", "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})
+    core.patch_node_status(
+        node,
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": status,
+                        "reason": "NodeStatusUnknown" if status == "Unknown" else "KubeletReady",
+                        "message": "set by the test",
+                        "lastHeartbeatTime": _now(),
+                        "lastTransitionTime": _now(),
+                    }
+                ]
+            }
+        },
+    )

@@ -31,11 +31,15 @@ def now_ts() -> str:
 class JobBuilder:
     def __init__(self, name: str) -> None:
         self.obj: dict[str, Any] = {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "FineTuneJob", "metadata": {"name": name},
-            "spec": {"model": {"path": "/models/tiny", "initFromConfig": True},
-                     "dataset": {"path": "/data/train.jsonl"},
-                     "output": {"claimName": "out"},
-                     "training": {"maxSteps": 20, "checkpointEverySteps": 5}},
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "FineTuneJob",
+            "metadata": {"name": name},
+            "spec": {
+                "model": {"path": "/models/tiny", "initFromConfig": True},
+                "dataset": {"path": "/data/train.jsonl"},
+                "output": {"claimName": "out"},
+                "training": {"maxSteps": 20, "checkpointEverySteps": 5},
+            },
         }
 
     def set(self, path: str, value: Any) -> JobBuilder:
@@ -109,8 +113,11 @@ class Jobs:
         return [p for p in self.pods(job) if p.metadata.deletion_timestamp is None]
 
     def wait_state(self, name: str, state: str, timeout: float = 60) -> dict[str, Any]:
-        return wait_for(lambda: self.status(name) if self.state(name) == state else None,
-                        timeout=timeout, what=f"{self.ns}/{name} to reach state {state}")
+        return wait_for(
+            lambda: self.status(name) if self.state(name) == state else None,
+            timeout=timeout,
+            what=f"{self.ns}/{name} to reach state {state}",
+        )
 
     def wait_pods(self, job: str, count: int, *, attempt: int | None = None, timeout: float = 60) -> list[Any]:
         def probe() -> list[Any] | None:
@@ -118,6 +125,7 @@ class Jobs:
             if attempt is not None:
                 pods = [p for p in pods if p.metadata.labels.get("finetune.dev/attempt") == str(attempt)]
             return pods if len(pods) == count else None
+
         return wait_for(probe, timeout=timeout, what=f"{count} live pods of {job} (attempt {attempt})")
 
     def events(self, name: str) -> list[Any]:
@@ -136,31 +144,72 @@ class FakeKubelet:
         self.core.patch_namespaced_pod_status(name, self.ns, {"status": status})
 
     def _container(self, state: dict[str, Any], *, ready: bool) -> dict[str, Any]:
-        return {"name": "trainer", "ready": ready, "restartCount": 0, "image": "trainer:test",
-                "imageID": "", "state": state}
+        return {
+            "name": "trainer",
+            "ready": ready,
+            "restartCount": 0,
+            "image": "trainer:test",
+            "imageID": "",
+            "state": state,
+        }
 
     def run(self, name: str, ip: str = "10.0.0.1") -> None:
-        self._patch(name, {"phase": "Running", "podIP": ip, "startTime": now_ts(),
-                           "conditions": [{"type": "Ready", "status": "True"}],
-                           "containerStatuses": [self._container({"running": {"startedAt": now_ts()}},
-                                                                 ready=True)]})
+        self._patch(
+            name,
+            {
+                "phase": "Running",
+                "podIP": ip,
+                "startTime": now_ts(),
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [self._container({"running": {"startedAt": now_ts()}}, ready=True)],
+            },
+        )
 
     def exit(self, name: str, code: int, *, reason: str | None = None, message: str = "") -> None:
-        term: dict[str, Any] = {"exitCode": code, "startedAt": now_ts(), "finishedAt": now_ts(),
-                                "reason": reason or ("Completed" if code == 0 else "Error")}
+        term: dict[str, Any] = {
+            "exitCode": code,
+            "startedAt": now_ts(),
+            "finishedAt": now_ts(),
+            "reason": reason or ("Completed" if code == 0 else "Error"),
+        }
         if message:
             term["message"] = message
-        self._patch(name, {"phase": "Succeeded" if code == 0 else "Failed",
-                           "containerStatuses": [self._container({"terminated": term}, ready=False)]})
+        self._patch(
+            name,
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "containerStatuses": [self._container({"terminated": term}, ready=False)],
+            },
+        )
 
     def evict(self, name: str) -> None:
-        self._patch(name, {"phase": "Failed", "reason": "Evicted",
-                           "message": "The node was low on resource: memory.",
-                           "conditions": [{"type": "DisruptionTarget", "status": "True",
-                                           "reason": "TerminationByKubelet",
-                                           "message": "The node was low on resource: memory."}]})
+        self._patch(
+            name,
+            {
+                "phase": "Failed",
+                "reason": "Evicted",
+                "message": "The node was low on resource: memory.",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "TerminationByKubelet",
+                        "message": "The node was low on resource: memory.",
+                    }
+                ],
+            },
+        )
 
     def wait_image_pull(self, name: str) -> None:
-        self._patch(name, {"phase": "Pending", "containerStatuses": [self._container(
-            {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope\""}},
-            ready=False)]})
+        self._patch(
+            name,
+            {
+                "phase": "Pending",
+                "containerStatuses": [
+                    self._container(
+                        {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope"'}},
+                        ready=False,
+                    )
+                ],
+            },
+        )

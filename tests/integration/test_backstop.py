@@ -52,24 +52,45 @@ def second_namespace(cluster, api_client) -> Iterator[str]:  # type: ignore[no-u
     core.delete_namespace(name)
 
 
-def test_one_namespaces_peering_object_gone_stops_nothing(cluster, api_client, namespace,  # type: ignore[no-untyped-def]
-                                                          second_namespace) -> None:
+def test_one_namespaces_peering_object_gone_stops_nothing(
+    cluster,
+    api_client,
+    namespace,  # type: ignore[no-untyped-def]
+    second_namespace,
+) -> None:
     """Namespaced mode over two namespaces, peering on: the first namespace's KopfPeering is deleted (an offboarded
     team), and a job in the second one still meets its deadline (a backstop requeue). The operator exports that it
     runs the backstop and that one peering object is missing."""
     cluster.run_kubectl("apply", "--server-side", "-f", str(PEERING_CRDS))
     for ns in (namespace, second_namespace):
-        cluster.run_kubectl("apply", "-f", "-", input=f"apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n"
-                            f"  name: finetune-operator\n  namespace: {ns}\n")
+        cluster.run_kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=f"apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n"
+            f"  name: finetune-operator\n  namespace: {ns}\n",
+        )
     port = _free_port()
-    op = OperatorProcess(cluster.kubeconfig, namespace, also_watch=(second_namespace,), standalone=False,
-                         FINETUNE_METRICS_PORT=str(port), FINETUNE_PEERING_PRIORITY="100").start()
+    op = OperatorProcess(
+        cluster.kubeconfig,
+        namespace,
+        also_watch=(second_namespace,),
+        standalone=False,
+        FINETUNE_METRICS_PORT=str(port),
+        FINETUNE_PEERING_PRIORITY="100",
+    ).start()
     try:
-        wait_for(lambda: _metric(port, "finetune_operator_backstop_active") == 1, timeout=60,
-                 what="the only replica to run the backstop")
+        wait_for(
+            lambda: _metric(port, "finetune_operator_backstop_active") == 1,
+            timeout=60,
+            what="the only replica to run the backstop",
+        )
         cluster.run_kubectl("delete", "kopfpeering", "finetune-operator", "-n", namespace)
-        wait_for(lambda: _metric(port, "finetune_operator_peering_objects_missing") == 1, timeout=30,
-                 what="the missing peering object to be exported")
+        wait_for(
+            lambda: _metric(port, "finetune_operator_peering_objects_missing") == 1,
+            timeout=30,
+            what="the missing peering object to be exported",
+        )
         assert _metric(port, "finetune_operator_backstop_active") == 1
         jobs = Jobs(api_client, second_namespace)
         jobs.create(make_job("late").set("activeDeadlineSeconds", 3).build())
@@ -85,9 +106,11 @@ def test_one_namespaces_peering_object_gone_stops_nothing(cluster, api_client, n
 def test_a_pass_holding_its_job_holds_up_no_other_job(cluster, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
     """One job's lock is held (a pass stuck on a slow request) while both jobs are due: the other job's pass runs, the
     backstop loop keeps ticking (its liveness stays good), and the held job is left marked for the holder."""
-    controller = Controller(Kube(config.new_client_from_config(config_file=cluster.kubeconfig)),
-                            Settings(namespaces=(namespace,), resync_seconds=3600, default_image="trainer:test"),
-                            store=Store())
+    controller = Controller(
+        Kube(config.new_client_from_config(config_file=cluster.kubeconfig)),
+        Settings(namespaces=(namespace,), resync_seconds=3600, default_image="trainer:test"),
+        store=Store(),
+    )
     jobs = Jobs(api_client, namespace)
     jobs.create(make_job("stuck").build())
     jobs.create(make_job("free").build())

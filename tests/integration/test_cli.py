@@ -25,8 +25,13 @@ pytestmark = pytest.mark.integration
 
 
 def finetune(cluster: Any, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "finetune_operator.cli", *args, f"--kubeconfig={cluster.kubeconfig}"],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", *args, f"--kubeconfig={cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def manifest(tmp_path: Path, obj: dict[str, Any], name: str = "job.yaml") -> str:
@@ -35,8 +40,12 @@ def manifest(tmp_path: Path, obj: dict[str, Any], name: str = "job.yaml") -> str
     return str(path)
 
 
-def test_validate_names_the_field_the_typed_spec_or_the_api_server_refuses(cluster, api_client, namespace,  # type: ignore[no-untyped-def]
-                                                                          tmp_path) -> None:
+def test_validate_names_the_field_the_typed_spec_or_the_api_server_refuses(
+    cluster,
+    api_client,
+    namespace,  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:
     ok = make_job("ok").nodes(2).build()
     r = finetune(cluster, "validate", manifest(tmp_path, ok), "-n", namespace)
     assert r.returncode == 0, r.stderr
@@ -57,16 +66,29 @@ def test_validate_names_the_field_the_typed_spec_or_the_api_server_refuses(clust
 def test_validate_reports_every_error_of_a_manifest_at_once(cluster, namespace, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A new user's manifest with several mistakes: one run of `finetune validate` names each of them with its field
     (the typed spec's, then the API server's about a field the typed spec does not know), and `submit` refuses it."""
-    bad = (make_job("bad").set("training.learningRate", "fast").set("training.extraArgs", {
-        "warmup_ratios": 0.1, "max_grad_norm": "big", "deepspeed": "/etc/passwd", "report_to": ["wandb"]})
+    bad = (
+        make_job("bad")
+        .set("training.learningRate", "fast")
+        .set(
+            "training.extraArgs",
+            {"warmup_ratios": 0.1, "max_grad_norm": "big", "deepspeed": "/etc/passwd", "report_to": ["wandb"]},
+        )
         .set("podTemplate", {"volumes": [{"name": "v", "mountPath": "/data/../usr", "emptyDir": {}}]})
-        .set("training.maxStep", 10).build())
+        .set("training.maxStep", 10)
+        .build()
+    )
     r = finetune(cluster, "validate", manifest(tmp_path, bad), "-n", namespace)
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.startswith("error ")]
-    fields = ["spec.training.learningRate", "spec.training.extraArgs.warmup_ratios",
-              "spec.training.extraArgs.max_grad_norm", "spec.training.extraArgs.deepspeed",
-              "spec.training.extraArgs.report_to", "spec.podTemplate.volumes[0].mountPath", "spec.training.maxStep"]
+    fields = [
+        "spec.training.learningRate",
+        "spec.training.extraArgs.warmup_ratios",
+        "spec.training.extraArgs.max_grad_norm",
+        "spec.training.extraArgs.deepspeed",
+        "spec.training.extraArgs.report_to",
+        "spec.podTemplate.volumes[0].mountPath",
+        "spec.training.maxStep",
+    ]
     named = {line.split(": ")[1].lstrip("."): line for line in lines}  # "error FILE: FIELD: message"
     assert sorted(named) == sorted(fields) and len(lines) == len(fields), r.stderr
     assert "must be a number, got 'fast'" in named["spec.training.learningRate"]
@@ -106,8 +128,15 @@ def test_submit_list_status_wait_suspend_resume_delete(cluster, api_client, name
         assert any(line.split()[:3] == [namespace, "cli", "Running"] for line in r.stdout.splitlines()), r.stdout
         r = finetune(cluster, "status", "cli", "-n", namespace)
         assert r.returncode == 0, r.stderr
-        for shown in ("Running  AllRanksRunning", "restarts 0/1", "2/2 running", "cli-node-0", "cli-node-1",
-                      "PodsCreated", "Conditions"):
+        for shown in (
+            "Running  AllRanksRunning",
+            "restarts 0/1",
+            "2/2 running",
+            "cli-node-0",
+            "cli-node-1",
+            "PodsCreated",
+            "Conditions",
+        ):
             assert shown in r.stdout, (shown, r.stdout)
 
         r = finetune(cluster, "suspend", "cli", "-n", namespace)
@@ -153,18 +182,24 @@ def _operator_metrics(port: int) -> dict[str, float]:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         page = r.read().decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
-            if line.startswith(("finetune_operator_jobs{", "finetune_operator_gang_restarts_total{"))}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith(("finetune_operator_jobs{", "finetune_operator_gang_restarts_total{"))
+    }
 
 
-def test_a_failed_job_in_status_wait_and_the_operators_per_namespace_metrics(cluster, api_client, namespace,  # type: ignore[no-untyped-def]
-                                                                              tmp_path) -> None:
+def test_a_failed_job_in_status_wait_and_the_operators_per_namespace_metrics(
+    cluster,
+    api_client,
+    namespace,  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:
     jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
     port = _free_port()
     op = OperatorProcess(cluster.kubeconfig, namespace, FINETUNE_METRICS_PORT=str(port)).start()
     try:
-        r = finetune(cluster, "submit", manifest(tmp_path, make_job("doomed").max_restarts(1).build()), "-n",
-                     namespace)
+        r = finetune(cluster, "submit", manifest(tmp_path, make_job("doomed").max_restarts(1).build()), "-n", namespace)
         assert r.returncode == 0, r.stderr
         for attempt in (0, 1):  # rank 0 fails in both attempts: one gang restart, then the job fails
             (p,) = jobs.wait_pods("doomed", 1, attempt=attempt)
@@ -177,14 +212,20 @@ def test_a_failed_job_in_status_wait_and_the_operators_per_namespace_metrics(clu
         assert "finetune logs doomed --rank 0 (pod doomed-node-0)" in r.stdout and "restarts 1/1" in r.stdout
 
         ns = f'finetune_namespace="{namespace}"'
-        seen = wait_for(lambda: (m := _operator_metrics(port)).get(f'finetune_operator_jobs{{{ns},state="Failed"}}')
-                        == 1.0 and m, timeout=30, what="the failed job in the operator's metrics")
+        seen = wait_for(
+            lambda: (m := _operator_metrics(port)).get(f'finetune_operator_jobs{{{ns},state="Failed"}}') == 1.0 and m,
+            timeout=30,
+            what="the failed job in the operator's metrics",
+        )
         assert seen[f'finetune_operator_jobs{{{ns},state="Running"}}'] == 0.0  # every state, zeros too
         assert seen[f'finetune_operator_gang_restarts_total{{{ns},reason="TrainingError"}}'] == 1.0
         jobs.delete("doomed")  # the namespace's last job: its state series go
         try:
-            wait_for(lambda: not any(k.startswith(f"finetune_operator_jobs{{{ns}") for k in _operator_metrics(port)),
-                     timeout=30, what="the namespace's job series to go with its last job")
+            wait_for(
+                lambda: not any(k.startswith(f"finetune_operator_jobs{{{ns}") for k in _operator_metrics(port)),
+                timeout=30,
+                what="the namespace's job series to go with its last job",
+            )
         except AssertionError:
             print(_operator_metrics(port), op.output()[-5000:])
             raise

@@ -47,15 +47,13 @@ spec:
 @pytest.fixture(scope="module")
 def widget_crd(cluster):  # type: ignore[no-untyped-def]
     cluster.run_kubectl("apply", "-f", "-", input=WIDGET_CRD)
-    cluster.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        f"crd/{PLURAL}.{GROUP}")
+    cluster.run_kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}")
     yield
     cluster.run_kubectl("delete", f"crd/{PLURAL}.{GROUP}", "--wait=false", check=False)
 
 
 def widget(name: str, size: Any) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget",
-            "metadata": {"name": name}, "spec": {"size": size}}
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Widget", "metadata": {"name": name}, "spec": {"size": size}}
 
 
 def test_server_is_the_pinned_kubernetes(api_client) -> None:  # type: ignore[no-untyped-def]
@@ -71,8 +69,7 @@ def test_create_and_watch_a_custom_object(api_client, widget_crd, namespace) -> 
     w = watch.Watch()
 
     def watcher() -> None:
-        for ev in w.stream(co.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                           timeout_seconds=30):
+        for ev in w.stream(co.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, timeout_seconds=30):
             seen.append((ev["type"], ev["object"]["metadata"]["name"]))
             if len(seen) >= 2:
                 w.stop()
@@ -99,12 +96,20 @@ def test_foreground_delete_collects_owned_configmap(api_client, widget_crd, name
     co = client.CustomObjectsApi(api_client)
     core = client.CoreV1Api(api_client)
     owner = co.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, widget("owner", 1))
-    ref = client.V1OwnerReference(api_version=f"{GROUP}/{VERSION}", kind="Widget", name="owner",
-                                  uid=owner["metadata"]["uid"], block_owner_deletion=True)
-    core.create_namespaced_config_map(namespace, client.V1ConfigMap(
-        metadata=client.V1ObjectMeta(name="owned", owner_references=[ref]), data={"k": "v"}))
-    co.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "owner",
-                                       body=client.V1DeleteOptions(propagation_policy="Foreground"))
+    ref = client.V1OwnerReference(
+        api_version=f"{GROUP}/{VERSION}",
+        kind="Widget",
+        name="owner",
+        uid=owner["metadata"]["uid"],
+        block_owner_deletion=True,
+    )
+    core.create_namespaced_config_map(
+        namespace,
+        client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owned", owner_references=[ref]), data={"k": "v"}),
+    )
+    co.delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "owner", body=client.V1DeleteOptions(propagation_policy="Foreground")
+    )
 
     def gone(read: Any, *args: Any) -> bool:
         try:
@@ -113,26 +118,35 @@ def test_foreground_delete_collects_owned_configmap(api_client, widget_crd, name
             return e.status == 404
         return False
 
-    wait_for(lambda: gone(core.read_namespaced_config_map, "owned", namespace), timeout=60,
-             what="the garbage collector to delete the owned ConfigMap")
-    wait_for(lambda: gone(co.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, "owner"),
-             timeout=60, what="the foreground-deleted owner to disappear")
+    wait_for(
+        lambda: gone(core.read_namespaced_config_map, "owned", namespace),
+        timeout=60,
+        what="the garbage collector to delete the owned ConfigMap",
+    )
+    wait_for(
+        lambda: gone(co.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, "owner"),
+        timeout=60,
+        what="the foreground-deleted owner to disappear",
+    )
 
 
 def test_rbac_and_token_request(cluster, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
     """A TokenRequest token authenticates as the ServiceAccount, which RBAC grants nothing."""
     core = client.CoreV1Api(api_client)
-    core.create_namespaced_service_account(namespace, client.V1ServiceAccount(
-        metadata=client.V1ObjectMeta(name="robot")))
-    token = core.create_namespaced_service_account_token("robot", namespace, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
+    core.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="robot"))
+    )
+    token = core.create_namespaced_service_account_token(
+        "robot",
+        namespace,
+        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)),
+    ).status.token
     cfg = client.Configuration()
     base = api_client.configuration
     cfg.host, cfg.ssl_ca_cert = base.host, base.ssl_ca_cert
     cfg.api_key = {"authorization": f"Bearer {token}"}
     robot = client.ApiClient(cfg)
-    review = client.AuthenticationV1Api(robot).create_self_subject_review(
-        client.V1SelfSubjectReview())
+    review = client.AuthenticationV1Api(robot).create_self_subject_review(client.V1SelfSubjectReview())
     assert review.status.user_info.username == f"system:serviceaccount:{namespace}:robot"
     with pytest.raises(ApiException) as e:
         client.CoreV1Api(robot).list_namespaced_secret(namespace)
@@ -142,8 +156,7 @@ def test_rbac_and_token_request(cluster, api_client, namespace) -> None:  # type
 def test_namespace_deletion_is_real(cluster, api_client) -> None:  # type: ignore[no-untyped-def]
     core = client.CoreV1Api(api_client)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="smoke-ns-delete")))
-    core.create_namespaced_config_map("smoke-ns-delete", client.V1ConfigMap(
-        metadata=client.V1ObjectMeta(name="c")))
+    core.create_namespaced_config_map("smoke-ns-delete", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="c")))
     core.delete_namespace("smoke-ns-delete")
 
     def gone() -> bool:
@@ -159,11 +172,14 @@ def test_namespace_deletion_is_real(cluster, api_client) -> None:  # type: ignor
 def test_pods_must_pass_restricted_pod_security(api_client, namespace) -> None:  # type: ignore[no-untyped-def]
     """Test namespaces enforce the restricted profile: a pod without its security context is refused."""
     core = client.CoreV1Api(api_client)
-    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="bad"), spec=client.V1PodSpec(containers=[
-        client.V1Container(name="c", image="busybox", security_context=client.V1SecurityContext(
-            run_as_user=0))]))
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="bad"),
+        spec=client.V1PodSpec(
+            containers=[
+                client.V1Container(name="c", image="busybox", security_context=client.V1SecurityContext(run_as_user=0))
+            ]
+        ),
+    )
     with pytest.raises(ApiException) as e:
         core.create_namespaced_pod(namespace, pod)
     assert e.value.status == 403 and "restricted" in e.value.body, e.value.body
-
-

@@ -41,34 +41,97 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("batch-zero", make_job("x").set("training.perDeviceBatchSize", 0).build(), "spec.training.perDeviceBatchSize"),
     ("reserved-env", make_job("x").set("env", [{"name": "MASTER_ADDR", "value": "evil"}]).build(), "spec.env[0]"),
     ("reserved-env-prefix", make_job("x").set("env", [{"name": "PET_NNODES", "value": "9"}]).build(), "spec.env[0]"),
-    ("gpu-visibility-env", make_job("x").set("env", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]).build(),
-     "spec.env[0]"),
+    (
+        "gpu-visibility-env",
+        make_job("x").set("env", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]).build(),
+        "spec.env[0]",
+    ),
     ("output-path-dot-dot", make_job("x").set("output.path", "runs/../other").build(), "spec.output.path"),
-    ("procs-vs-gpus", make_job("x").set("procsPerNode", 2).set("resources", {"limits": {"nvidia.com/gpu": 4}}).build(),
-     "spec.procsPerNode"),
+    (
+        "procs-vs-gpus",
+        make_job("x").set("procsPerNode", 2).set("resources", {"limits": {"nvidia.com/gpu": 4}}).build(),
+        "spec.procsPerNode",
+    ),
     ("relative-model-path", make_job("x").set("model", {"path": "models/tiny"}).build(), "spec.model.path"),
-    ("claim-and-template", make_job("x").set("output", {"claimName": "o", "volumeClaimTemplate": {"spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}}).build(), "spec.output"),
-    ("rwo-template-two-nodes", make_job("x").nodes(2).set("output", {"volumeClaimTemplate": {"spec": {
-        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}).build(),
-     "spec.output.volumeClaimTemplate.spec.accessModes"),
-    ("hostpath-volume", make_job("x").set("podTemplate", {"volumes": [
-        {"name": "h", "mountPath": "/h", "hostPath": {"path": "/"}}]}).build(), "spec.podTemplate.volumes[0]"),
-    *[(f"mount-path-{label}", make_job("x").set("podTemplate", {"volumes": [
-        {"name": "v", "mountPath": path, "emptyDir": {}}]}).build(), "spec.podTemplate.volumes[0].mountPath")
-      for label, path in (("double-slash", "//usr"), ("dot-dot", "/data/../usr"), ("dot", "/./opt/venv"),
-                          ("trailing-slash", "/data/"), ("root", "/"))],
-    ("eval-steps-without-every", make_job("x").set("training.evaluation", {"strategy": "steps"}).build(),
-     "spec.training.evaluation"),
+    (
+        "claim-and-template",
+        make_job("x")
+        .set(
+            "output",
+            {
+                "claimName": "o",
+                "volumeClaimTemplate": {
+                    "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+                },
+            },
+        )
+        .build(),
+        "spec.output",
+    ),
+    (
+        "rwo-template-two-nodes",
+        make_job("x")
+        .nodes(2)
+        .set(
+            "output",
+            {
+                "volumeClaimTemplate": {
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+                }
+            },
+        )
+        .build(),
+        "spec.output.volumeClaimTemplate.spec.accessModes",
+    ),
+    (
+        "hostpath-volume",
+        make_job("x")
+        .set("podTemplate", {"volumes": [{"name": "h", "mountPath": "/h", "hostPath": {"path": "/"}}]})
+        .build(),
+        "spec.podTemplate.volumes[0]",
+    ),
+    *[
+        (
+            f"mount-path-{label}",
+            make_job("x").set("podTemplate", {"volumes": [{"name": "v", "mountPath": path, "emptyDir": {}}]}).build(),
+            "spec.podTemplate.volumes[0].mountPath",
+        )
+        for label, path in (
+            ("double-slash", "//usr"),
+            ("dot-dot", "/data/../usr"),
+            ("dot", "/./opt/venv"),
+            ("trailing-slash", "/data/"),
+            ("root", "/"),
+        )
+    ],
+    (
+        "eval-steps-without-every",
+        make_job("x").set("training.evaluation", {"strategy": "steps"}).build(),
+        "spec.training.evaluation",
+    ),
     ("unknown-field", make_job("x").set("gpus", 8).build(), "spec.gpus"),
-    ("push-without-token", make_job("x").set("output", {"claimName": "o", "pushToHub": {"repo": "a/b"}}).build(),
-     "spec.output.pushToHub"),
-    ("hub-repo-without-owner", make_job("x").set("output", {"claimName": "o", "pushToHub": {
-        "repo": "model", "secretRef": {"name": "hub"}}}).build(), "spec.output.pushToHub.repo"),
-    ("s3-uri-not-s3", make_job("x").set("output", {"claimName": "o", "s3": {"uri": "https://bucket/x"}}).build(),
-     "spec.output.s3.uri"),
-    ("qlora-without-gpus", make_job("x").set("training.lora", {"r": 8, "quantization": "4bit"}).build(),
-     "spec.training.lora.quantization"),
+    (
+        "push-without-token",
+        make_job("x").set("output", {"claimName": "o", "pushToHub": {"repo": "a/b"}}).build(),
+        "spec.output.pushToHub",
+    ),
+    (
+        "hub-repo-without-owner",
+        make_job("x")
+        .set("output", {"claimName": "o", "pushToHub": {"repo": "model", "secretRef": {"name": "hub"}}})
+        .build(),
+        "spec.output.pushToHub.repo",
+    ),
+    (
+        "s3-uri-not-s3",
+        make_job("x").set("output", {"claimName": "o", "s3": {"uri": "https://bucket/x"}}).build(),
+        "spec.output.s3.uri",
+    ),
+    (
+        "qlora-without-gpus",
+        make_job("x").set("training.lora", {"r": 8, "quantization": "4bit"}).build(),
+        "spec.training.lora.quantization",
+    ),
     ("sharding-unknown", make_job("x").set("training.sharding", "zero3").build(), "spec.training.sharding"),
     ("queue-name-not-a-label-value", make_job("x").set("queueName", "Team_A").build(), "spec.queueName"),
     ("queue-name-too-long", make_job("x").set("queueName", "q" * 64).build(), "spec.queueName"),
@@ -79,8 +142,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 def test_api_server_rejects_with_the_field_named(api_client, namespace, manifest, field) -> None:  # type: ignore[no-untyped-def]
     co = client.CustomObjectsApi(api_client)
     with pytest.raises(ApiException) as e:
-        co.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
-                                           field_validation="Strict")
+        co.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest, field_validation="Strict")
     assert e.value.status in (400, 422), e.value.body
     assert field in e.value.body, e.value.body
 

@@ -25,8 +25,12 @@ def test_unread_answers_do_not_churn_connections(cluster, namespace, caplog) -> 
     kube = Kube(config.new_client_from_config(config_file=cluster.kubeconfig))
     caplog.set_level(logging.WARNING, logger="urllib3")
     for i in range(30):
-        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"c{i}", "namespace": namespace},
-              "data": {"payload": "x" * 200_000}}
+        cm = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"c{i}", "namespace": namespace},
+            "data": {"payload": "x" * 200_000},
+        }
         assert kube.create(cm) == CREATED
     retries = [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()]
     assert retries == [], retries

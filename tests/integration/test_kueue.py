@@ -52,8 +52,9 @@ def kueue(sched: Cluster, api: client.ApiClient) -> Iterator[LocalKueue]:
 
 
 @pytest.fixture
-def queue(request: pytest.FixtureRequest, kueue: LocalKueue, sched: Cluster, api: client.ApiClient,
-          ns: str) -> Iterator[str]:
+def queue(
+    request: pytest.FixtureRequest, kueue: LocalKueue, sched: Cluster, api: client.ApiClient, ns: str
+) -> Iterator[str]:
     """LocalQueue ``team`` in the test's namespace (managed by Kueue), on a ClusterQueue of its own with 16 GPUs."""
     gpus = {"cpu": "1000", "memory": "10Ti", "nvidia.com/gpu": "16"}
     with namespace_queues(request, kueue, sched, api, ns=ns, quota=gpus) as local_queue:
@@ -94,8 +95,11 @@ def counts(st: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def gated(jobs: Jobs, job: str) -> list[str]:
-    return [p.metadata.name for p in jobs.live_pods(job)
-            if any(g.name == "kueue.x-k8s.io/admission" for g in p.spec.scheduling_gates or [])]
+    return [
+        p.metadata.name
+        for p in jobs.live_pods(job)
+        if any(g.name == "kueue.x-k8s.io/admission" for g in p.spec.scheduling_gates or [])
+    ]
 
 
 def test_a_gang_waits_for_quota_and_is_admitted_whole(t: Tier) -> None:
@@ -134,7 +138,8 @@ def test_jobs_without_a_queue_name_join_the_namespaces_default_local_queue_whole
     assert "LocalQueue default" in cond["message"] and t.kq.wl("d", 0) in cond["message"], cond
     labels = [p.metadata.labels for p in t.jobs.live_pods("d")]
     assert [(lb["kueue.x-k8s.io/queue-name"], lb["kueue.x-k8s.io/pod-group-name"]) for lb in labels] == [
-        ("default", t.kq.wl("d", 0))] * 2
+        ("default", t.kq.wl("d", 0))
+    ] * 2
     assert len(gated(t.jobs, "d")) == 2
 
     finish(t, "a")
@@ -154,6 +159,7 @@ def test_preemption_is_a_disruption_and_the_gang_requeues(t: Tier) -> None:
     def preempted() -> list[Any] | None:
         pods = [p for p in t.jobs.pods("low") if p.metadata.uid in victims.values()]
         return pods if len(pods) == 2 and all(p.metadata.deletion_timestamp for p in pods) else None
+
     pods = wait_for(preempted, timeout=90, what="Kueue to preempt low's gang")
     for p in pods:
         cond = next(c for c in p.status.conditions or [] if c.type == "TerminationTarget")
@@ -180,14 +186,20 @@ def test_a_gang_restart_gives_quota_back_and_takes_it_once(t: Tier) -> None:
     t.jobs.wait_state("r", "Running", timeout=90)
     first = t.jobs.live_pods("r")
     FakeKubelet(t.api, t.ns).exit(first[1].metadata.name, 1)  # rank 1 fails: a gang restart, counted
-    st = wait_for(lambda: (s := t.jobs.status("r")).get("attempt") == 1 and s["state"] == "Running" and s,
-                  timeout=120, what="r's attempt 1 running")
+    st = wait_for(
+        lambda: (s := t.jobs.status("r")).get("attempt") == 1 and s["state"] == "Running" and s,
+        timeout=120,
+        what="r's attempt 1 running",
+    )
     assert counts(st)[1:] == (1, 0), st
     # Attempt 0's Workload finished once its pods were terminal; with the pods gone, the garbage collector removes it
     # (its owners are the pods).
     wl0 = t.kq.wl("r", 0)
-    wait_for(lambda: t.kq.condition(wl0, "Finished") or wl0 not in t.kq.workloads(), timeout=60,
-             what="attempt 0's Workload finished")
+    wait_for(
+        lambda: t.kq.condition(wl0, "Finished") or wl0 not in t.kq.workloads(),
+        timeout=60,
+        what="attempt 0's Workload finished",
+    )
     assert set(t.kq.workloads()) <= {wl0, t.kq.wl("r", 1)}  # one Workload per attempt
     assert t.kq.reserving() == [t.kq.wl("r", 1)]  # one gang's quota, not two
     t.kq.wait_reserved("nvidia.com/gpu", 16)
@@ -206,8 +218,11 @@ def test_suspend_gives_quota_back_and_a_deleted_queued_job_leaves_no_workload(t:
     assert gone in t.kq.workloads()
 
     t.jobs.delete("gone")  # queued: its pods and its Workload go with it
-    wait_for(lambda: gone not in t.kq.workloads() and not t.jobs.pods("gone"),
-             timeout=90, what="the deleted job's pods and Workload to be gone")
+    wait_for(
+        lambda: gone not in t.kq.workloads() and not t.jobs.pods("gone"),
+        timeout=90,
+        what="the deleted job's pods and Workload to be gone",
+    )
 
     t.jobs.patch("s", {"suspend": True})  # suspend: the pods go and the quota with them
     t.jobs.wait_state("s", "Suspended", timeout=60)

@@ -61,14 +61,22 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
     assert [p.metadata.name for p in pods] == [f"ft-node-{r}" for r in range(nodes)]
     for rank, pod in enumerate(pods):
         assert env_of(pod) == {
-            "PET_NNODES": str(nodes), "NNODES": str(nodes),
-            "PET_NPROC_PER_NODE": "1", "NPROC_PER_NODE": "1",
-            "PET_NODE_RANK": str(rank), "NODE_RANK": str(rank),
-            "PET_MASTER_ADDR": "ft-node-0.ft", "MASTER_ADDR": "ft-node-0.ft",
-            "PET_MASTER_PORT": "29500", "MASTER_PORT": "29500",
+            "PET_NNODES": str(nodes),
+            "NNODES": str(nodes),
+            "PET_NPROC_PER_NODE": "1",
+            "NPROC_PER_NODE": "1",
+            "PET_NODE_RANK": str(rank),
+            "NODE_RANK": str(rank),
+            "PET_MASTER_ADDR": "ft-node-0.ft",
+            "MASTER_ADDR": "ft-node-0.ft",
+            "PET_MASTER_PORT": "29500",
+            "MASTER_PORT": "29500",
             "WORLD_SIZE": str(nodes),
-            "FINETUNE_JOB_NAME": "ft", "FINETUNE_NAMESPACE": namespace, "FINETUNE_ATTEMPT": "0",
-            "FINETUNE_CONFIG": "/etc/finetune/config.json", "HF_HOME": "/tmp/huggingface",
+            "FINETUNE_JOB_NAME": "ft",
+            "FINETUNE_NAMESPACE": namespace,
+            "FINETUNE_ATTEMPT": "0",
+            "FINETUNE_CONFIG": "/etc/finetune/config.json",
+            "HF_HOME": "/tmp/huggingface",
             "AWS_EC2_METADATA_DISABLED": "true",  # no node IAM role through instance metadata
         }
         assert pod.metadata.labels["finetune.dev/node-rank"] == str(rank)
@@ -78,7 +86,11 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
         assert pod.spec.automount_service_account_token is False
         owner = pod.metadata.owner_references[0]
         assert (owner.kind, owner.name, owner.uid, owner.controller) == (
-            "FineTuneJob", "ft", job["metadata"]["uid"], True)
+            "FineTuneJob",
+            "ft",
+            job["metadata"]["uid"],
+            True,
+        )
         shm = next(v for v in pod.spec.volumes if v.name == "shm")
         assert shm.empty_dir.medium == "Memory"
     svc = jobs.core.read_namespaced_service("ft", namespace)
@@ -96,16 +108,26 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
 def test_acceleration_picks_the_trainer_image(jobs, operator) -> None:  # type: ignore[no-untyped-def]
     """ort runs on the ONNX Runtime image, every other acceleration on the default image (Helm values
     trainer.ortImage / trainer.image), and spec.image overrides both."""
-    cases = {"ort": ("ort", None), "none": ("none", None), "auto": ("auto", None), "compile": ("compile", None),
-             "own": ("ort", "registry.example.com/mine:1")}
+    cases = {
+        "ort": ("ort", None),
+        "none": ("none", None),
+        "auto": ("auto", None),
+        "compile": ("compile", None),
+        "own": ("ort", "registry.example.com/mine:1"),
+    }
     for name, (acceleration, image) in cases.items():
         job = make_job(name).set("acceleration", acceleration)
         if image:
             job.set("image", image)
         jobs.create(job.build())
     images = {name: jobs.wait_pods(name, 1)[0].spec.containers[0].image for name in cases}
-    assert images == {"ort": "trainer-ort:test", "none": "trainer:test", "auto": "trainer:test",
-                      "compile": "trainer:test", "own": "registry.example.com/mine:1"}
+    assert images == {
+        "ort": "trainer-ort:test",
+        "none": "trainer:test",
+        "auto": "trainer:test",
+        "compile": "trainer:test",
+        "own": "registry.example.com/mine:1",
+    }
 
 
 def test_running_then_succeeded(jobs, operator, kubelet) -> None:  # type: ignore[no-untyped-def]
@@ -121,8 +143,10 @@ def test_running_then_succeeded(jobs, operator, kubelet) -> None:  # type: ignor
     assert status["completionTime"] and status["restarts"] == 0
     assert jobs.condition("ok", "Succeeded")["status"] == "True"
     assert jobs.condition("ok", "Running")["status"] == "False"
-    reasons = {e.reason for e in wait_for(lambda: jobs.events("ok") if len(jobs.events("ok")) >= 3 else None,
-                                          timeout=30, what="events")}
+    reasons = {
+        e.reason
+        for e in wait_for(lambda: jobs.events("ok") if len(jobs.events("ok")) >= 3 else None, timeout=30, what="events")
+    }
     assert {"PodsCreated", "AllRanksRunning", "AllRanksSucceeded"} <= reasons
 
 
@@ -149,8 +173,9 @@ def test_rank_failure_restarts_the_gang(jobs, operator, kubelet) -> None:  # typ
     assert jobs.condition("gang", "Restarting")["status"] == "False"
 
 
-def test_the_next_attempt_runs_with_the_config_of_the_edited_spec(jobs, operator, kubelet, api_client,
-                                                                  namespace) -> None:  # type: ignore[no-untyped-def]
+def test_the_next_attempt_runs_with_the_config_of_the_edited_spec(
+    jobs, operator, kubelet, api_client, namespace
+) -> None:  # type: ignore[no-untyped-def]
     """A mutable field edited while attempt 0 runs (spec.activeDeadlineSeconds, from which the collective timeout
     ddp_timeout is derived) reaches the resolved-config ConfigMap that attempt 1's pods start with."""
     from kubernetes import client
@@ -182,8 +207,11 @@ def test_restarts_exhausted_fails_and_frees_ranks(jobs, operator, kubelet) -> No
     assert status["restarts"] == 1
     assert status["failure"]["reason"] == "TrainingError" and "restarts exhausted (1/1)" in status["failure"]["message"]
     # The rank still running is deleted; the failed rank's pod stays for `kubectl logs`.
-    wait_for(lambda: [p.metadata.name for p in jobs.live_pods("tired")] == ["tired-node-0"], timeout=30,
-             what="only the failed pod to remain")
+    wait_for(
+        lambda: [p.metadata.name for p in jobs.live_pods("tired")] == ["tired-node-0"],
+        timeout=30,
+        what="only the failed pod to remain",
+    )
 
 
 def test_oom_is_classified(jobs, operator, kubelet) -> None:  # type: ignore[no-untyped-def]
@@ -212,8 +240,11 @@ def test_eviction_restarts_without_counting(jobs, operator, kubelet) -> None:  #
 def test_config_error_fails_at_once(jobs, operator, kubelet) -> None:  # type: ignore[no-untyped-def]
     jobs.create(make_job("cfg").nodes(2).max_restarts(5).build())
     pods = jobs.wait_pods("cfg", 2)
-    kubelet.exit(pods[0].metadata.name, 78,
-                 message='{"reason": "ConfigError", "message": "dataset.path: /data/x.jsonl does not exist"}')
+    kubelet.exit(
+        pods[0].metadata.name,
+        78,
+        message='{"reason": "ConfigError", "message": "dataset.path: /data/x.jsonl does not exist"}',
+    )
     status = jobs.wait_state("cfg", "Failed")
     assert status["restarts"] == 0 and status["failure"]["reason"] == "ConfigError"
     assert "dataset.path" in status["failure"]["message"]
@@ -223,8 +254,11 @@ def test_image_pull_backoff_fails_after_bounded_wait(jobs, operator, kubelet) ->
     jobs.create(make_job("pull").build())
     (pod,) = jobs.wait_pods("pull", 1)
     kubelet.wait_image_pull(pod.metadata.name)
-    wait_for(lambda: (jobs.condition("pull", "Created") or {}).get("reason") == "ImagePullBackOff", timeout=30,
-             what="the ImagePullBackOff reason on the Created condition")
+    wait_for(
+        lambda: (jobs.condition("pull", "Created") or {}).get("reason") == "ImagePullBackOff",
+        timeout=30,
+        what="the ImagePullBackOff reason on the Created condition",
+    )
     status = jobs.wait_state("pull", "Failed", timeout=60)  # FINETUNE_WAITING_TIMEOUT_SECONDS=5 in tests
     assert status["failure"]["reason"] == "ImagePullBackOff"
 
@@ -262,13 +296,19 @@ def test_ttl_after_finished_deletes_the_job(jobs, operator, kubelet) -> None:  #
     wait_for(lambda: not jobs.exists("ttl"), timeout=30, what="the job to be deleted after its TTL")
 
 
-@pytest.mark.parametrize(("spec_patch", "field"), [
-    ({"training": {"maxSteps": 10, "extraArgs": {"output_dir": "/x"}}}, "spec.training.extraArgs.output_dir"),
-    ({"training": {"maxSteps": 10, "evaluation": {"strategy": "epoch"}}}, "spec.dataset.evalSplit"),
-    ({"podTemplate": {"volumes": [{"name": "data", "mountPath": "/output/data", "emptyDir": {}}]}},
-     "spec.podTemplate.volumes[0].mountPath"),
-    ({"podTemplate": {"labels": {"finetune.dev/job-name": "other"}}}, "spec.podTemplate.labels"),
-], ids=["managed-extra-arg", "eval-without-split", "mount-over-output", "reserved-label"])
+@pytest.mark.parametrize(
+    ("spec_patch", "field"),
+    [
+        ({"training": {"maxSteps": 10, "extraArgs": {"output_dir": "/x"}}}, "spec.training.extraArgs.output_dir"),
+        ({"training": {"maxSteps": 10, "evaluation": {"strategy": "epoch"}}}, "spec.dataset.evalSplit"),
+        (
+            {"podTemplate": {"volumes": [{"name": "data", "mountPath": "/output/data", "emptyDir": {}}]}},
+            "spec.podTemplate.volumes[0].mountPath",
+        ),
+        ({"podTemplate": {"labels": {"finetune.dev/job-name": "other"}}}, "spec.podTemplate.labels"),
+    ],
+    ids=["managed-extra-arg", "eval-without-split", "mount-over-output", "reserved-label"],
+)
 def test_semantic_errors_become_invalid_spec(jobs, operator, spec_patch, field) -> None:  # type: ignore[no-untyped-def]
     manifest = make_job("bad").build()
     manifest["spec"].update(spec_patch)
@@ -277,8 +317,9 @@ def test_semantic_errors_become_invalid_spec(jobs, operator, spec_patch, field) 
     cond = jobs.condition("bad", "InvalidSpec")
     assert cond["status"] == "True" and field in cond["message"]
     assert jobs.pods("bad") == []
-    warning = wait_for(lambda: [e for e in jobs.events("bad") if e.reason == "InvalidSpec"], timeout=20,
-                       what="an InvalidSpec event")
+    warning = wait_for(
+        lambda: [e for e in jobs.events("bad") if e.reason == "InvalidSpec"], timeout=20, what="an InvalidSpec event"
+    )
     assert warning[0].type == "Warning"
     # No retry storm: across several backstop passes (2 s each in tests) nothing is rewritten. Proving an
     # absence needs an observation window; this is the one place a test waits on purpose.
@@ -293,8 +334,10 @@ def test_a_hostile_spec_fails_before_any_pod_with_every_error(jobs, operator) ->
     scheduling and an image pull: an unknown name, a wrong type, an integration the image lacks. The operator fails
     the job before any pod, and its condition names every field at once."""
     manifest = make_job("hostile").build()
-    manifest["spec"]["training"] = {"maxSteps": 10, "extraArgs": {
-        "warmup_ratios": 0.1, "max_grad_norm": "big", "deepspeed": "/etc/passwd", "report_to": ["wandb"]}}
+    manifest["spec"]["training"] = {
+        "maxSteps": 10,
+        "extraArgs": {"warmup_ratios": 0.1, "max_grad_norm": "big", "deepspeed": "/etc/passwd", "report_to": ["wandb"]},
+    }
     jobs.create(manifest)
     jobs.wait_state("hostile", "Failed")
     cond = jobs.condition("hostile", "InvalidSpec")
@@ -349,8 +392,11 @@ def test_deleting_the_job_collects_every_child(jobs, operator, namespace, api_cl
         n += len(net.list_namespaced_network_policy(namespace, label_selector="finetune.dev/job-name=gc").items)
         return n
 
-    wait_for(lambda: children() == 0, timeout=60, what="the garbage collector to remove pods, service, config, "
-             "network policy")
+    wait_for(
+        lambda: children() == 0,
+        timeout=60,
+        what="the garbage collector to remove pods, service, config, network policy",
+    )
 
 
 def test_pod_the_api_server_refuses_becomes_invalid_spec(jobs, operator) -> None:  # type: ignore[no-untyped-def]
@@ -364,17 +410,27 @@ def test_pod_the_api_server_refuses_becomes_invalid_spec(jobs, operator) -> None
 
 def test_namespace_quota_rejection_is_a_condition(cluster, jobs, operator, namespace) -> None:  # type: ignore[no-untyped-def]
     cluster.run_kubectl("create", "quota", "one-pod", "--hard=pods=1", "-n", namespace)
-    wait_for(lambda: "pods" in cluster.run_kubectl("get", "quota", "one-pod", "-n", namespace,
-                                                   "-o", "jsonpath={.status.hard}"),
-             timeout=30, what="the quota controller to publish the quota")
+    wait_for(
+        lambda: (
+            "pods" in cluster.run_kubectl("get", "quota", "one-pod", "-n", namespace, "-o", "jsonpath={.status.hard}")
+        ),
+        timeout=30,
+        what="the quota controller to publish the quota",
+    )
     jobs.create(make_job("big").nodes(2).build())
-    cond = wait_for(lambda: (c := jobs.condition("big", "Created")) and c.get("reason") == "QuotaExceeded" and c,
-                    timeout=60, what="a QuotaExceeded condition")
+    cond = wait_for(
+        lambda: (c := jobs.condition("big", "Created")) and c.get("reason") == "QuotaExceeded" and c,
+        timeout=60,
+        what="a QuotaExceeded condition",
+    )
     assert "exceeded quota" in cond["message"] and cond["status"] == "False"
     assert jobs.state("big") != "Failed"
     # the event is posted after the status write (and the deletion of the rank created before the refusal)
-    wait_for(lambda: "QuotaExceeded" in {e.reason for e in jobs.events("big")}, timeout=30,
-             what="a QuotaExceeded event on the job")
+    wait_for(
+        lambda: "QuotaExceeded" in {e.reason for e in jobs.events("big")},
+        timeout=30,
+        what="a QuotaExceeded event on the job",
+    )
 
 
 HOLD = "test.finetune.dev/hold"  # a finalizer standing in for a kubelet still waiting for a trainer's checkpoint
@@ -395,24 +451,36 @@ def test_a_job_recreated_under_its_name_adopts_nothing_of_the_old_one(jobs, oper
     finalizer holds the old pod in Terminating, as a kubelet waiting for a checkpoint on SIGTERM would)."""
     old = jobs.create(make_job("same").nodes(2).build())
     jobs.wait_pods("same", 2)
-    wait_for(lambda: jobs.core.list_namespaced_config_map(jobs.ns, field_selector="metadata.name=same-config").items,
-             timeout=30, what="the old job's ConfigMap")
+    wait_for(
+        lambda: jobs.core.list_namespaced_config_map(jobs.ns, field_selector="metadata.name=same-config").items,
+        timeout=30,
+        what="the old job's ConfigMap",
+    )
     _hold(jobs, "pod", "same-node-0", True)
     _hold(jobs, "configmap", "same-config", True)
     try:
         jobs.delete("same")
         wait_for(lambda: not jobs.exists("same"), timeout=30, what="the old job to be deleted")
-        wait_for(lambda: [p.metadata.name for p in jobs.pods("same")] == ["same-node-0"], timeout=60,
-                 what="the garbage collector to delete the old pods (rank 0 held in Terminating)")
+        wait_for(
+            lambda: [p.metadata.name for p in jobs.pods("same")] == ["same-node-0"],
+            timeout=60,
+            what="the garbage collector to delete the old pods (rank 0 held in Terminating)",
+        )
         new = jobs.create(make_job("same").nodes(2).build())
         assert new["metadata"]["uid"] != old["metadata"]["uid"]
-        waiting = wait_for(lambda: (c := jobs.condition("same", "Created")) and c["reason"] == "PreviousJobTerminating"
-                           and c, timeout=30, what="the new job to wait for its namesake's pod")
+        waiting = wait_for(
+            lambda: (c := jobs.condition("same", "Created")) and c["reason"] == "PreviousJobTerminating" and c,
+            timeout=30,
+            what="the new job to wait for its namesake's pod",
+        )
         assert waiting["status"] == "False" and "same-node-0" in waiting["message"]
         _hold(jobs, "pod", "same-node-0", False)
         # the old ConfigMap still stands: its name is not adopted either
-        wait_for(lambda: (c := jobs.condition("same", "Created")) and "ConfigMap same-config" in c["message"],
-                 timeout=30, what="the new job to wait for its namesake's ConfigMap")
+        wait_for(
+            lambda: (c := jobs.condition("same", "Created")) and "ConfigMap same-config" in c["message"],
+            timeout=30,
+            what="the new job to wait for its namesake's ConfigMap",
+        )
         assert all(p.metadata.owner_references[0].uid == new["metadata"]["uid"] for p in jobs.pods("same"))
     finally:
         for kind, name in (("pod", "same-node-0"), ("configmap", "same-config")):

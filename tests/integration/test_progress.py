@@ -41,14 +41,27 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         m.eta.set(95)  # type: ignore[attr-defined]
         m.checkpoint_last_step.set(5)  # type: ignore[attr-defined]
         m.eval_loss.set(0.4321)  # type: ignore[attr-defined]
-        progress = wait_for(lambda: (p := jobs.status("prog").get("progress")) and p.get("step") == 7 and p,
-                            timeout=30, what="status.progress from rank 0's metrics")
+        progress = wait_for(
+            lambda: (p := jobs.status("prog").get("progress")) and p.get("step") == 7 and p,
+            timeout=30,
+            what="status.progress from rank 0's metrics",
+        )
         assert progress["stepOfTotal"] == "7/20" and progress["samplesPerSecond"] == 25.0  # x 2 nodes
         assert progress["eta"] == "1m35s" and progress["lastCheckpointStep"] == 5 and progress["evalLoss"] == 0.4321
         wide = cluster.run_kubectl("get", "ftj", "prog", "-n", namespace, "-o", "wide")
         header, row = wide.splitlines()[:2]
-        assert header.split() == ["NAME", "STATE", "REASON", "NODES", "RESTARTS", "AGE", "STEP", "SAMPLES/S", "ETA",
-                                  "EVAL-LOSS"]
+        assert header.split() == [
+            "NAME",
+            "STATE",
+            "REASON",
+            "NODES",
+            "RESTARTS",
+            "AGE",
+            "STEP",
+            "SAMPLES/S",
+            "ETA",
+            "EVAL-LOSS",
+        ]
         cols = row.split()
         assert cols[1:5] == ["Running", "AllRanksRunning", "2/2", "0"] and cols[6:] == ["7/20", "25", "1m35s", "0.4321"]
         # The next step moves the status along.

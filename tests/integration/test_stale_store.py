@@ -25,8 +25,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def controller(cluster, namespace) -> Iterator[Controller]:  # type: ignore[no-untyped-def]
-    c = Controller(Kube(config.new_client_from_config(config_file=cluster.kubeconfig)),
-                   Settings(namespaces=(namespace,), default_image="trainer:test"), store=Store())
+    c = Controller(
+        Kube(config.new_client_from_config(config_file=cluster.kubeconfig)),
+        Settings(namespaces=(namespace,), default_image="trainer:test"),
+        store=Store(),
+    )
     yield c
     c._pool.shutdown(wait=False)
 
@@ -59,8 +62,11 @@ def test_a_stale_suspended_job_deletes_no_running_gang(controller, api_client, n
     _delivered(controller, jobs, api_client, "nap")
     (pod,) = jobs.wait_pods("nap", 1)
     FakeKubelet(api_client, namespace).run(pod.metadata.name)
-    wait_for(lambda: (_delivered(controller, jobs, api_client, "nap"), jobs.state("nap"))[1] == "Running",
-             timeout=20, what="Running")
+    wait_for(
+        lambda: (_delivered(controller, jobs, api_client, "nap"), jobs.state("nap"))[1] == "Running",
+        timeout=20,
+        what="Running",
+    )
     controller.store.forget_job(key)  # type: ignore[union-attr]
     controller.store.put_job(stale)  # type: ignore[union-attr]
     _pass(controller, *key)
@@ -100,8 +106,11 @@ def test_a_delete_that_finds_its_pod_gone_lists_again(controller, api_client, na
     (pod,) = jobs.wait_pods("gap", 1)
     store = controller.store
     assert store is not None
-    wait_for(lambda: (_delivered(controller, jobs, api_client, "gap"), store.pods(key))[1] is not None, timeout=20,
-             what="the store to trust the job's pods")
+    wait_for(
+        lambda: (_delivered(controller, jobs, api_client, "gap"), store.pods(key))[1] is not None,
+        timeout=20,
+        what="the store to trust the job's pods",
+    )
     from kubernetes import client
 
     client.CoreV1Api(api_client).delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)

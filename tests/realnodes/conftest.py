@@ -76,8 +76,7 @@ class RealCluster:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         return self.cluster.run_kubectl(*args, input=input, check=check)
 
-    def shared_claim(self, namespace: str, name: str, *, content: Path | None = None,
-                     read_only: bool = False) -> Path:
+    def shared_claim(self, namespace: str, name: str, *, content: Path | None = None, read_only: bool = False) -> Path:
         """A claim both nodes mount at once (``NodeCluster.shared_claim``), holding a copy of ``content``; returns
         the host directory behind it."""
         host = self.shared / namespace / name
@@ -137,9 +136,21 @@ def install_chart(rc: RealCluster, *extra: str) -> str:
     """``helm install`` of the chart with the images built here, as the README's install page does it; returns
     helm's output. Waits until the operator's Deployment is available (its readiness probe passed)."""
     args = [
-        helm_binary(), f"--kubeconfig={rc.kubeconfig}", "upgrade", "--install", RELEASE,
-        str(ROOT / "charts" / "finetune-operator"), "-n", OPERATOR_NAMESPACE, "--create-namespace",
-        *image_values(rc.images), *FAST, "--wait", "--timeout", "180s", *extra,
+        helm_binary(),
+        f"--kubeconfig={rc.kubeconfig}",
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "finetune-operator"),
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        *image_values(rc.images),
+        *FAST,
+        "--wait",
+        "--timeout",
+        "180s",
+        *extra,
     ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=240)
     if proc.returncode != 0:
@@ -153,8 +164,14 @@ def image_values(images: dict[str, str]) -> list[str]:
     out = []
     for key, prefix in (("operator", "image"), ("trainer", "trainer.image")):
         repo, tag = images[key].rsplit(":", 1)
-        out += ["--set", f"{prefix}.repository={repo}", "--set", f"{prefix}.tag={tag}",
-                "--set", f"{prefix}.pullPolicy=Never"]
+        out += [
+            "--set",
+            f"{prefix}.repository={repo}",
+            "--set",
+            f"{prefix}.tag={tag}",
+            "--set",
+            f"{prefix}.pullPolicy=Never",
+        ]
     return out
 
 
@@ -164,14 +181,28 @@ def chart_operator(real_cluster: RealCluster) -> Iterator[str]:
     install_chart(real_cluster)
     yield OPERATOR_NAMESPACE
     helm = helm_binary()
-    subprocess.run([helm, f"--kubeconfig={real_cluster.kubeconfig}", "uninstall", RELEASE, "-n", OPERATOR_NAMESPACE,
-                    "--wait", "--timeout", "120s"], capture_output=True, timeout=180)
+    subprocess.run(
+        [
+            helm,
+            f"--kubeconfig={real_cluster.kubeconfig}",
+            "uninstall",
+            RELEASE,
+            "-n",
+            OPERATOR_NAMESPACE,
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+        capture_output=True,
+        timeout=180,
+    )
 
 
 def wait_pod_phase(rc: RealCluster, namespace: str, pod: str, phases: tuple[str, ...], timeout: float = 180) -> str:
     def probe() -> str | None:
         out = rc.kubectl("get", "pod", pod, "-n", namespace, "-o", "jsonpath={.status.phase}", check=False)
         return out if out in phases else None
+
     return str(wait_for(probe, timeout=timeout, what=f"pod {pod} to reach {phases}", interval=0.5))
 
 
@@ -185,8 +216,9 @@ def diagnostics(rc: RealCluster, namespace: str) -> str:
     nodes_logs: list[str] = []
     for f in sorted((rc.nodes_dir / "logs").glob("kubelet-*.log")):
         nodes_logs += [f"==== {f.name} (tail) ====", *f.read_text(errors="replace").splitlines()[-30:]]
-    return "\n".join([dump_namespace(rc.cluster, namespace), "==== operator log (tail) ====", operator_logs(rc),
-                      *nodes_logs])
+    return "\n".join(
+        [dump_namespace(rc.cluster, namespace), "==== operator log (tail) ====", operator_logs(rc), *nodes_logs]
+    )
 
 
 def job_status(rc: RealCluster, namespace: str, name: str) -> dict[str, Any]:

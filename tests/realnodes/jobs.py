@@ -17,21 +17,42 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600
 STEPS, INTERVAL = 400, 50
 # Inside the container: the PID of the training worker (not torchrun's agent), then send it the signal named in argv.
-SIGNAL_WORKER = ("import os, signal, sys\n"
-                 "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-                 "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
-                 "    if b'finetune_trainer.worker' in cmd and b'torch.distributed.run' not in cmd:\n"
-                 "        os.kill(int(pid), getattr(signal, sys.argv[1])); print('signalled', pid); break\n"
-                 "else:\n"
-                 "    raise SystemExit('no worker')\n")
+SIGNAL_WORKER = (
+    "import os, signal, sys\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+    "    if b'finetune_trainer.worker' in cmd and b'torch.distributed.run' not in cmd:\n"
+    "        os.kill(int(pid), getattr(signal, sys.argv[1])); print('signalled', pid); break\n"
+    "else:\n"
+    "    raise SystemExit('no worker')\n"
+)
 # The ranks of one job spread over the nodes when they can, and share a node when only one is left.
-SPREAD = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
-    "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchExpressions": [
-        {"key": "finetune.dev/job-name", "operator": "Exists"}]}}}]}}
+SPREAD = {
+    "podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchExpressions": [{"key": "finetune.dev/job-name", "operator": "Exists"}]},
+                },
+            }
+        ]
+    }
+}
 
 
-def long_tiny(rc: RealCluster, namespace: str, name: str, *, steps: int = STEPS, interval: int = INTERVAL,
-              pod: dict[str, Any] | None = None, labels: dict[str, str] | None = None, **spec: Any) -> Path:
+def long_tiny(
+    rc: RealCluster,
+    namespace: str,
+    name: str,
+    *,
+    steps: int = STEPS,
+    interval: int = INTERVAL,
+    pod: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    **spec: Any,
+) -> Path:
     """examples/tiny-job.yaml under ``name``, long enough to act on while it trains (``pod``: more of its
     podTemplate); returns its output directory."""
     rc.shared_claim(namespace, "finetune-workspace", content=ROOT / "examples", read_only=True)
@@ -46,14 +67,16 @@ def long_tiny(rc: RealCluster, namespace: str, name: str, *, steps: int = STEPS,
 
 
 def complete_checkpoints(out: Path) -> list[int]:
-    return sorted(int(c.name.split("-")[1]) for c in (out / "checkpoints").glob("checkpoint-*")
-                  if (c / "COMPLETE").exists())
+    return sorted(
+        int(c.name.split("-")[1]) for c in (out / "checkpoints").glob("checkpoint-*") if (c / "COMPLETE").exists()
+    )
 
 
 def wait_terminal(rc: RealCluster, namespace: str, name: str, timeout: float = TIMEOUT) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         st = job_status(rc, namespace, name)
         return st if st.get("state") in ("Succeeded", "Failed") else None
+
     return dict(wait_for(done, timeout=timeout, what=f"{name} to finish", interval=2))
 
 
@@ -81,8 +104,17 @@ def node_of(rc: RealCluster, namespace: str, pod: str) -> str:
 
 def event_reasons(rc: RealCluster, namespace: str, name: str) -> list[str]:
     """The reasons of the events the operator posted on FineTuneJob ``name``."""
-    items = json.loads(rc.kubectl("get", "events", "-n", namespace, "-o", "json",
-                                  f"--field-selector=involvedObject.name={name},involvedObject.kind=FineTuneJob"))
+    items = json.loads(
+        rc.kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "-o",
+            "json",
+            f"--field-selector=involvedObject.name={name},involvedObject.kind=FineTuneJob",
+        )
+    )
     return [e["reason"] for e in items["items"] for _ in range(e.get("count") or 1)]
 
 

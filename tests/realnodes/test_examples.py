@@ -30,19 +30,37 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def finetune(rc: RealCluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", *args, f"--kubeconfig={rc.kubeconfig}"],
-                       capture_output=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
-    return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"),
-                                       r.stderr.decode(errors="replace"))
+    r = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", *args, f"--kubeconfig={rc.kubeconfig}"],
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    return subprocess.CompletedProcess(
+        r.args, r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+    )
 
 
 def submit(rc: RealCluster, namespace: str, manifest: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """``finetune submit --follow`` until the job ends; meanwhile ``kubectl get ftj -o wide`` every second (the rows
     seen while it ran)."""
     name = yaml.safe_load(manifest.read_text())["metadata"]["name"]
-    proc = subprocess.Popen([sys.executable, "-m", "finetune_operator.cli", "submit", str(manifest), "-n", namespace,
-                             "--follow", f"--kubeconfig={rc.kubeconfig}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "finetune_operator.cli",
+            "submit",
+            str(manifest),
+            "-n",
+            namespace,
+            "--follow",
+            f"--kubeconfig={rc.kubeconfig}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     wide: list[str] = []
     deadline = time.monotonic() + 900
     while proc.poll() is None and time.monotonic() < deadline:
@@ -59,8 +77,9 @@ def submit(rc: RealCluster, namespace: str, manifest: Path) -> tuple[subprocess.
 
 
 @pytest.mark.parametrize("example", ["tiny-job.yaml", "tiny-chat-job.yaml"])
-def test_a_two_node_example_trains_to_success_across_real_nodes(real_cluster: RealCluster, chart_operator: str,
-                                                               namespace: str, example: str) -> None:
+def test_a_two_node_example_trains_to_success_across_real_nodes(
+    real_cluster: RealCluster, chart_operator: str, namespace: str, example: str
+) -> None:
     rc = real_cluster
     rc.shared_claim(namespace, "finetune-workspace", content=ROOT / "examples", read_only=True)
     output = rc.shared_claim(namespace, "finetune-output")
@@ -115,7 +134,8 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(real_cluster: Re
 
 
 def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_template(
-        real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
+    real_cluster: RealCluster, chart_operator: str, namespace: str
+) -> None:
     rc = real_cluster
     r, _ = submit(rc, namespace, ROOT / "examples" / "quickstart.yaml")
     assert r.stdout.strip().splitlines()[-1].startswith("quickstart: Succeeded — AllRanksSucceeded"), r.stdout[-2000:]
@@ -126,7 +146,8 @@ def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_templ
     pod = json.loads(rc.kubectl("get", "pod", "quickstart-node-0", "-n", namespace, "-o", "json"))
     # The local volume is on the node the pod ran on.
     assert pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [
-        pod["spec"]["nodeName"]]
+        pod["spec"]["nodeName"]
+    ]
     out = Path(pv["spec"]["local"]["path"]) / namespace / "quickstart"
     result = json.loads((out / "result.json").read_text())
     assert result["steps"] == 60, result

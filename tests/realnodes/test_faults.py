@@ -24,14 +24,25 @@ pytestmark = pytest.mark.realnodes
 
 
 def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resumes_from_it(
-        real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
+    real_cluster: RealCluster, chart_operator: str, namespace: str
+) -> None:
     rc = real_cluster
     out = long_tiny(rc, namespace, "drained", terminationGracePeriodSeconds=60, maxRestarts=0)
-    first = wait_for(lambda: complete_checkpoints(out), timeout=TIMEOUT, what="a complete checkpoint",
-                     interval=0.5)[-1]
-    rc.kubectl("create", "-f", "-", "--raw", f"/api/v1/namespaces/{namespace}/pods/drained-node-1/eviction",
-               input=json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
-                                 "metadata": {"name": "drained-node-1", "namespace": namespace}}))
+    first = wait_for(lambda: complete_checkpoints(out), timeout=TIMEOUT, what="a complete checkpoint", interval=0.5)[-1]
+    rc.kubectl(
+        "create",
+        "-f",
+        "-",
+        "--raw",
+        f"/api/v1/namespaces/{namespace}/pods/drained-node-1/eviction",
+        input=json.dumps(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "drained-node-1", "namespace": namespace},
+            }
+        ),
+    )
     assert not (out / "result.json").exists(), "training finished before the eviction"
 
     st = wait_terminal(rc, namespace, "drained")
@@ -47,53 +58,71 @@ def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resum
 
 
 def test_a_missing_dataset_fails_at_once_with_config_error_from_the_termination_message(
-        real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
+    real_cluster: RealCluster, chart_operator: str, namespace: str
+) -> None:
     rc = real_cluster
-    long_tiny(rc, namespace, "nodata", dataset={"path": "/workspace/examples/tiny/no-such-data", "textField": "text",
-                                                "labelField": "label"})
+    long_tiny(
+        rc,
+        namespace,
+        "nodata",
+        dataset={"path": "/workspace/examples/tiny/no-such-data", "textField": "text", "labelField": "label"},
+    )
     st = wait_terminal(rc, namespace, "nodata")
     assert st["state"] == "Failed" and st.get("restarts", 0) == 0, st
     cond = next(c for c in st["conditions"] if c["type"] == "Failed")
     assert cond["status"] == "True" and cond["reason"] == "ConfigError" and "no-such-data" in cond["message"], cond
     pods = json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
     assert {p["metadata"]["labels"]["finetune.dev/attempt"] for p in pods} <= {"0"}
-    terminated = [c["state"]["terminated"] for p in pods for c in p["status"].get("containerStatuses", [])
-                  if "terminated" in c["state"]]
+    terminated = [
+        c["state"]["terminated"]
+        for p in pods
+        for c in p["status"].get("containerStatuses", [])
+        if "terminated" in c["state"]
+    ]
     assert terminated and all(t["exitCode"] == 78 for t in terminated), terminated
 
 
 def test_the_operator_pod_killed_mid_training_adopts_the_running_gang(
-        real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
+    real_cluster: RealCluster, chart_operator: str, namespace: str
+) -> None:
     rc = real_cluster
     out = long_tiny(rc, namespace, "adopted", terminationGracePeriodSeconds=20)
     wait_for(lambda: complete_checkpoints(out), timeout=TIMEOUT, what="training under way", interval=0.5)
-    before = {p["metadata"]["name"]: p["metadata"]["uid"]
-              for p in json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]}
+    before = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+    }
     assert len(before) == 2, before
-    operator = json.loads(rc.kubectl("get", "pods", "-n", chart_operator, "-l", "app.kubernetes.io/component=operator",
-                                     "-o", "json"))["items"][0]["metadata"]["name"]
+    operator = json.loads(
+        rc.kubectl("get", "pods", "-n", chart_operator, "-l", "app.kubernetes.io/component=operator", "-o", "json")
+    )["items"][0]["metadata"]["name"]
     rc.kubectl("delete", "pod", operator, "-n", chart_operator, "--grace-period=0", "--force", "--wait=false")
     assert not (out / "result.json").exists(), "training finished before the operator died"
 
     st = wait_terminal(rc, namespace, "adopted")
     assert st["state"] == "Succeeded" and st.get("restarts", 0) == 0, (st, diagnostics(rc, namespace))
-    after = {p["metadata"]["name"]: p["metadata"]["uid"]
-             for p in json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]}
+    after = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in json.loads(rc.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+    }
     assert after == before
 
     def replacement_ready() -> str | None:
-        pods = json.loads(rc.kubectl("get", "pods", "-n", chart_operator, "-l",
-                                     "app.kubernetes.io/component=operator", "-o", "json"))["items"]
+        pods = json.loads(
+            rc.kubectl("get", "pods", "-n", chart_operator, "-l", "app.kubernetes.io/component=operator", "-o", "json")
+        )["items"]
         for p in pods:
             ready = {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready")
             if p["metadata"]["name"] != operator and ready == "True":
                 return str(p["metadata"]["name"])
         return None
+
     wait_for(replacement_ready, timeout=120, what="the Deployment's new operator pod to be Ready")
 
 
 def test_partitioned_nodes_fail_with_a_rendezvous_timeout_naming_rank_0(
-        real_cluster: RealCluster, chart_operator: str, namespace: str) -> None:
+    real_cluster: RealCluster, chart_operator: str, namespace: str
+) -> None:
     rc = real_cluster
     with rc.nodes.partition(0, 1):
         long_tiny(rc, namespace, "parted", rendezvousTimeoutSeconds=10, terminationGracePeriodSeconds=5)

@@ -22,8 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def localcluster(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hack.localcluster", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "hack.localcluster", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_up_with_a_real_node_then_down_leaves_the_host_as_found(tmp_path: Path) -> None:
@@ -33,8 +39,14 @@ def test_up_with_a_real_node_then_down_leaves_the_host_as_found(tmp_path: Path) 
     try:
         assert up.returncode == 0, (up.stdout, up.stderr)
         kubeconfig = up.stdout.strip().removeprefix("export KUBECONFIG=")
-        nodes = json.loads(subprocess.run([str(BIN_DIR / "kubectl"), f"--kubeconfig={kubeconfig}", "get", "nodes",
-                                           "-o", "json"], capture_output=True, text=True, check=True).stdout)
+        nodes = json.loads(
+            subprocess.run(
+                [str(BIN_DIR / "kubectl"), f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         [node] = nodes["items"]
         assert node["metadata"]["name"] == "ftn-node-0"
         ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]

@@ -19,22 +19,49 @@ from tests.realnodes.conftest import RealCluster, wait_pod_phase
 
 pytestmark = pytest.mark.realnodes
 ROOT = Path(__file__).resolve().parents[2]
-RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-              "seccompProfile": {"type": "RuntimeDefault"}, "readOnlyRootFilesystem": True}
-VERSIONS = ("import importlib.metadata as m, json; "
-            "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "readOnlyRootFilesystem": True,
+}
+VERSIONS = (
+    "import importlib.metadata as m, json; "
+    "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+)
 
 
 def run_pods(rc: RealCluster, namespace: str, pods: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Run one pod per entry (image, command or args) at once; return each one's log once it has Succeeded."""
     for name, c in pods.items():
-        container = {"name": "main", "image": c["image"], "imagePullPolicy": "Never", "securityContext": RESTRICTED,
-                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                     **{k: c[k] for k in ("command", "args") if k in c}}
-        rc.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "containers": [container],
-                     "volumes": [{"name": "tmp", "emptyDir": {}}]}}))
+        container = {
+            "name": "main",
+            "image": c["image"],
+            "imagePullPolicy": "Never",
+            "securityContext": RESTRICTED,
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            **{k: c[k] for k in ("command", "args") if k in c},
+        }
+        rc.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [container],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    },
+                }
+            ),
+        )
     logs = {}
     for name in pods:
         phase = wait_pod_phase(rc, namespace, name, ("Succeeded", "Failed"))
@@ -47,12 +74,22 @@ def lock(path: Path, python: str) -> dict[str, str]:
     """The lock's pins whose environment markers hold for the image (``; sys_platform == 'win32'`` pins do not)."""
     from packaging.markers import Marker
 
-    env = {"python_version": python.rsplit(".", 1)[0], "python_full_version": python, "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    env = {
+        "python_version": python.rsplit(".", 1)[0],
+        "python_full_version": python,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
     pins = re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s;\\]+)(?:[ \t]*;[ \t]*([^\n\\]+))?", path.read_text(), flags=re.M)
-    return {norm(name): version for name, version, marker in pins
-            if not marker.strip() or Marker(marker.strip()).evaluate(env)}
+    return {
+        norm(name): version
+        for name, version, marker in pins
+        if not marker.strip() or Marker(marker.strip()).evaluate(env)
+    }
 
 
 def norm(name: str) -> str:
@@ -60,16 +97,21 @@ def norm(name: str) -> str:
 
 
 def test_the_images_run_their_entrypoints_as_numeric_non_root_users_with_the_locked_stacks(
-        real_cluster: RealCluster, namespace: str) -> None:
+    real_cluster: RealCluster, namespace: str
+) -> None:
     img = real_cluster.images
     probe = f"id -u; python -c 'import platform; print(platform.python_version())'; python -c \"{VERSIONS}\""
     samples = "; ls /opt/finetune/samples/; cat /opt/finetune/samples/tiny-bert/config.json"
-    logs = run_pods(real_cluster, namespace, {
-        "trainer-entrypoint": {"image": img["trainer"], "args": ["--help"]},
-        "operator-entrypoint": {"image": img["operator"], "args": ["--help"]},
-        "trainer-inside": {"image": img["trainer"], "command": ["sh", "-c", probe + samples]},
-        "operator-inside": {"image": img["operator"], "command": ["sh", "-c", probe]},
-    })
+    logs = run_pods(
+        real_cluster,
+        namespace,
+        {
+            "trainer-entrypoint": {"image": img["trainer"], "args": ["--help"]},
+            "operator-entrypoint": {"image": img["operator"], "args": ["--help"]},
+            "trainer-inside": {"image": img["trainer"], "command": ["sh", "-c", probe + samples]},
+            "operator-inside": {"image": img["operator"], "command": ["sh", "-c", probe]},
+        },
+    )
     assert "usage: finetune-trainer" in logs["trainer-entrypoint"]
     assert "usage: finetune" in logs["operator-entrypoint"]
 

@@ -50,33 +50,50 @@ def kueue(real_cluster: RealCluster, chart_operator: str, api_client: client.Api
 
 
 @pytest.fixture
-def kq(request: pytest.FixtureRequest, kueue: LocalKueue, real_cluster: RealCluster, namespace: str,
-       api_client: client.ApiClient) -> Iterator[Kueue]:
-    with namespace_queues(request, kueue, real_cluster.cluster, api_client, ns=namespace,
-                          quota={"cpu": "1", "memory": "2Gi"}):
+def kq(
+    request: pytest.FixtureRequest,
+    kueue: LocalKueue,
+    real_cluster: RealCluster,
+    namespace: str,
+    api_client: client.ApiClient,
+) -> Iterator[Kueue]:
+    with namespace_queues(
+        request, kueue, real_cluster.cluster, api_client, ns=namespace, quota={"cpu": "1", "memory": "2Gi"}
+    ):
         yield Kueue(api_client, namespace)
 
 
 def queued(rc: RealCluster, namespace: str, name: str, *, priority: str, steps: int, interval: int, **spec: Any) -> Any:
-    return long_tiny(rc, namespace, name, steps=steps, interval=interval, labels=queued_labels(priority),
-                     queueName="team", terminationGracePeriodSeconds=GRACE, resources=RANK, **spec)
+    return long_tiny(
+        rc,
+        namespace,
+        name,
+        steps=steps,
+        interval=interval,
+        labels=queued_labels(priority),
+        queueName="team",
+        terminationGracePeriodSeconds=GRACE,
+        resources=RANK,
+        **spec,
+    )
 
 
-def test_preempted_gang_checkpoints_requeues_and_resumes(real_cluster: RealCluster, namespace: str,
-                                                         kq: Kueue) -> None:
+def test_preempted_gang_checkpoints_requeues_and_resumes(real_cluster: RealCluster, namespace: str, kq: Kueue) -> None:
     """A high-priority job takes the quota of a training low-priority gang: Kueue evicts low's Workload, its ranks
     agree on a step, checkpoint and exit; the operator counts a disruption (not a restart) and low's next attempt
     waits in the queue, saying why, while high trains; once high succeeds, low is admitted again and resumes from
     exactly the step it checkpointed on SIGTERM."""
     rc, jobs = real_cluster, _Conditions(real_cluster, namespace)
     low = queued(rc, namespace, "low", priority="low", steps=400, interval=50, maxRestarts=0)
-    first = wait_for(lambda: complete_checkpoints(low), timeout=600, what="low's first checkpoint",
-                     interval=0.5)[-1]
+    first = wait_for(lambda: complete_checkpoints(low), timeout=600, what="low's first checkpoint", interval=0.5)[-1]
     assert kq.reserving() == [kq.wl("low", 0)]
 
     high = queued(rc, namespace, "high", priority="high", steps=40, interval=20)
-    st = wait_for(lambda: (s := job_status(rc, namespace, "low")).get("attempt") == 1 and s, timeout=GRACE + 60,
-                  what="low's gang preempted and restarted")
+    st = wait_for(
+        lambda: (s := job_status(rc, namespace, "low")).get("attempt") == 1 and s,
+        timeout=GRACE + 60,
+        what="low's gang preempted and restarted",
+    )
     assert not (low / "result.json").exists(), "low finished before it was preempted"
     assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 1), st  # maxRestarts 0: a failure would end it
     assert st["failure"]["reason"] == "Preempted" and "Kueue" in st["failure"]["message"], st["failure"]
@@ -97,5 +114,8 @@ def test_preempted_gang_checkpoints_requeues_and_resumes(real_cluster: RealClust
     assert queued_cond is not None and (queued_cond["status"], queued_cond["reason"]) == ("False", "Admitted")
     # one Workload per attempt; each took the quota once (the preempted one was never admitted again)
     assert [kq.reservations(kq.wl("low", a)) for a in (0, 1)] == [1, 1]
-    assert {p["metadata"]["labels"]["finetune.dev/attempt"] for p in pods(rc, namespace)
-            if p["metadata"]["labels"].get("finetune.dev/job-name") == "low"} == {"1"}
+    assert {
+        p["metadata"]["labels"]["finetune.dev/attempt"]
+        for p in pods(rc, namespace)
+        if p["metadata"]["labels"].get("finetune.dev/job-name") == "low"
+    } == {"1"}

@@ -44,26 +44,43 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.realnodes, pytest.mark.faults]
 TOLERATE = 5  # seconds the pods tolerate an unreachable or not-ready node
 STEPS = 200  # the next attempt trains both ranks on the node left
-FAST_FAILOVER = [{"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute",
-                  "tolerationSeconds": TOLERATE} for taint in ("unreachable", "not-ready")]
+FAST_FAILOVER = [
+    {"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATE}
+    for taint in ("unreachable", "not-ready")
+]
 
 
 def test_a_lost_node_restarts_the_gang_on_the_node_left_after_its_stuck_pod_is_force_deleted(
-        real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient) -> None:
+    real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient
+) -> None:
     rc = real_cluster
-    out = long_tiny(rc, namespace, "lost", steps=STEPS, maxRestarts=0, terminationGracePeriodSeconds=5,
-                    pod={"affinity": SPREAD, "tolerations": FAST_FAILOVER})
+    out = long_tiny(
+        rc,
+        namespace,
+        "lost",
+        steps=STEPS,
+        maxRestarts=0,
+        terminationGracePeriodSeconds=5,
+        pod={"affinity": SPREAD, "tolerations": FAST_FAILOVER},
+    )
     seen = Observed()
     podwatch = PodWatch(api_client, namespace, seen)
     podwatch.start()
     lost_node: int | None = None
     try:
-        first = wait_for(lambda: complete_checkpoints(out), timeout=600, what="a complete checkpoint",
-                         interval=0.5)[-1]
+        first = wait_for(lambda: complete_checkpoints(out), timeout=600, what="a complete checkpoint", interval=0.5)[-1]
         # The node lost is the one without the operator's pod (losing the operator with it is another scenario:
         # its Deployment's pod waits out Kubernetes' default 300 s toleration before it is evicted and replaced).
-        operator_node = rc.kubectl("get", "pods", "-n", chart_operator, "-l", "app.kubernetes.io/component=operator",
-                                   "-o", "jsonpath={.items[0].spec.nodeName}")
+        operator_node = rc.kubectl(
+            "get",
+            "pods",
+            "-n",
+            chart_operator,
+            "-l",
+            "app.kubernetes.io/component=operator",
+            "-o",
+            "jsonpath={.items[0].spec.nodeName}",
+        )
         ranks = {r: node_of(rc, namespace, f"lost-node-{r}") for r in (0, 1)}
         assert len(set(ranks.values())) == 2, f"both ranks run on one node: {ranks}"
         victim = next(r for r, n in ranks.items() if n != operator_node)
@@ -71,16 +88,25 @@ def test_a_lost_node_restarts_the_gang_on_the_node_left_after_its_stuck_pod_is_f
         lost_node = int(rc.kubectl("get", "node", gone, "-o", "jsonpath={.metadata.labels.finetune\\.dev/local-node}"))
         t0 = time.monotonic()
         rc.nodes.lose(lost_node)
-        wait_for(lambda: job_status(rc, namespace, "lost").get("attempt") == 1, timeout=240,
-                 what="the gang restart", interval=0.5)
+        wait_for(
+            lambda: job_status(rc, namespace, "lost").get("attempt") == 1,
+            timeout=240,
+            what="the gang restart",
+            interval=0.5,
+        )
         detect = time.monotonic() - t0
 
         def force_deleted() -> bool:
             return not any(p["metadata"]["labels"]["finetune.dev/attempt"] == "0" for p in pods(rc, namespace))
+
         wait_for(force_deleted, timeout=240, what="the stuck pod to be force-deleted", interval=0.5)
         forced = time.monotonic() - t0
-        wait_for(lambda: (st := job_status(rc, namespace, "lost")).get("state") == "Running"
-                 and st.get("attempt") == 1, timeout=300, what="attempt 1 running", interval=0.5)
+        wait_for(
+            lambda: (st := job_status(rc, namespace, "lost")).get("state") == "Running" and st.get("attempt") == 1,
+            timeout=300,
+            what="attempt 1 running",
+            interval=0.5,
+        )
         recovered = time.monotonic() - t0
         assert {node_of(rc, namespace, f"lost-node-{r}") for r in (0, 1)} == {kept}
         st = wait_terminal(rc, namespace, "lost")
@@ -89,10 +115,15 @@ def test_a_lost_node_restarts_the_gang_on_the_node_left_after_its_stuck_pod_is_f
         if lost_node is not None:
             rc.nodes.rejoin(lost_node)
     events = event_reasons(rc, namespace, "lost")
-    figures = {"scenario": "node lost (real nodes)", "tolerationSeconds": TOLERATE,
-               "time_to_detect_s": round(detect, 1), "force_deleted_after_s": round(forced, 1),
-               "recovered_after_s": round(recovered, 1), "force_deleted_events": events.count("ForceDeleted"),
-               "violations": len(seen.overlaps) + abs(events.count("ForceDeleted") - 1)}
+    figures = {
+        "scenario": "node lost (real nodes)",
+        "tolerationSeconds": TOLERATE,
+        "time_to_detect_s": round(detect, 1),
+        "force_deleted_after_s": round(forced, 1),
+        "recovered_after_s": round(recovered, 1),
+        "force_deleted_events": events.count("ForceDeleted"),
+        "violations": len(seen.overlaps) + abs(events.count("ForceDeleted") - 1),
+    }
     report("node-lost-real", figures)
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 1), st

@@ -17,14 +17,16 @@ pytestmark = pytest.mark.realnodes
 
 
 def operator_pod(rc: RealCluster) -> dict[str, object]:
-    pods = json.loads(rc.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
-                                 "app.kubernetes.io/component=operator", "-o", "json"))["items"]
+    pods = json.loads(
+        rc.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/component=operator", "-o", "json")
+    )["items"]
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     return dict(pods[0])
 
 
-def test_the_chart_runs_the_operator_image_ready_as_non_root_on_a_real_node(real_cluster: RealCluster,
-                                                                          chart_operator: str) -> None:
+def test_the_chart_runs_the_operator_image_ready_as_non_root_on_a_real_node(
+    real_cluster: RealCluster, chart_operator: str
+) -> None:
     pod = operator_pod(real_cluster)
     spec, status = pod["spec"], pod["status"]
     assert isinstance(spec, dict) and isinstance(status, dict)
@@ -42,11 +44,28 @@ def test_the_chart_runs_the_operator_image_ready_as_non_root_on_a_real_node(real
     assert logs.strip(), "the operator logged nothing (kubectl logs is served by the real kubelet)"
 
 
-def test_helm_test_reaches_the_api_and_the_operators_metrics_through_services(real_cluster: RealCluster,
-                                                                             chart_operator: str) -> None:
-    proc = subprocess.run([helm_binary(), f"--kubeconfig={real_cluster.kubeconfig}", "test", RELEASE, "-n",
-                           OPERATOR_NAMESPACE, "--logs", "--timeout", "180s"],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, (proc.stdout, proc.stderr,
-                                  real_cluster.kubectl("get", "pods,events", "-n", OPERATOR_NAMESPACE, check=False))
+def test_helm_test_reaches_the_api_and_the_operators_metrics_through_services(
+    real_cluster: RealCluster, chart_operator: str
+) -> None:
+    proc = subprocess.run(
+        [
+            helm_binary(),
+            f"--kubeconfig={real_cluster.kubeconfig}",
+            "test",
+            RELEASE,
+            "-n",
+            OPERATOR_NAMESPACE,
+            "--logs",
+            "--timeout",
+            "180s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, (
+        proc.stdout,
+        proc.stderr,
+        real_cluster.kubectl("get", "pods,events", "-n", OPERATOR_NAMESPACE, check=False),
+    )
     assert "operator metrics: ok" in proc.stdout and "Succeeded" in proc.stdout, proc.stdout

@@ -35,19 +35,30 @@ TIMEOUT = 600
 
 def _pct(values: list[float]) -> dict[str, float]:
     s = sorted(values)
-    return {"p50": round(s[len(s) // 2], 2), "p95": round(s[min(len(s) - 1, int(len(s) * 0.95))], 2),
-            "max": round(s[-1], 2)}
+    return {
+        "p50": round(s[len(s) // 2], 2),
+        "p95": round(s[min(len(s) - 1, int(len(s) * 0.95))], 2),
+        "max": round(s[-1], 2),
+    }
 
 
 def _recover(rc: RealCluster, ns: str, job: str, attempt: int, t0: float) -> tuple[float, float, int, dict[str, Any]]:
     """Seconds from ``t0`` until the operator restarted the gang (the next attempt requested) and until that attempt
     trains past the checkpoint it resumed from; that checkpoint's step; the status then."""
-    restarted = wait_for(lambda: (st := job_status(rc, ns, job)).get("attempt", 0) > attempt and st, timeout=240,
-                         what="the gang restart", interval=0.25)
+    restarted = wait_for(
+        lambda: (st := job_status(rc, ns, job)).get("attempt", 0) > attempt and st,
+        timeout=240,
+        what="the gang restart",
+        interval=0.25,
+    )
     detect = time.monotonic() - t0
     resume = int((restarted.get("progress") or {}).get("step") or 0)  # the job stands at its newest checkpoint
-    st = wait_for(lambda: training(rc, ns, job, attempt + 1, resume), timeout=TIMEOUT,
-                  what=f"attempt {attempt + 1} training", interval=0.5)
+    st = wait_for(
+        lambda: training(rc, ns, job, attempt + 1, resume),
+        timeout=TIMEOUT,
+        what=f"attempt {attempt + 1} training",
+        interval=0.5,
+    )
     return detect, time.monotonic() - t0, resume, st
 
 
@@ -56,14 +67,16 @@ def _on_two_nodes(rc: RealCluster, ns: str, job: str) -> None:
     assert len(where) == 2, f"both ranks of {job} landed on {where}: the fault would not cross nodes"
 
 
-def test_rank_sigkill_at_random_steps(real_cluster: RealCluster, chart_operator: str, namespace: str,
-                                      api_client: client.ApiClient) -> None:
+def test_rank_sigkill_at_random_steps(
+    real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient
+) -> None:
     rc, rng = real_cluster, random.Random(SEED)
     # Each attempt adds at most two intervals before its kill, so the job outlives them; the spare steps keep the
     # last attempt training for a while after the last kill.
     max_steps = 40 * KILLS + 120
-    out = long_tiny(rc, namespace, "kills", steps=max_steps, interval=INTERVAL, maxRestarts=KILLS,
-                    terminationGracePeriodSeconds=5)
+    out = long_tiny(
+        rc, namespace, "kills", steps=max_steps, interval=INTERVAL, maxRestarts=KILLS, terminationGracePeriodSeconds=5
+    )
     seen = Observed()
     podwatch = PodWatch(api_client, namespace, seen)
     podwatch.start()
@@ -72,8 +85,12 @@ def test_rank_sigkill_at_random_steps(real_cluster: RealCluster, chart_operator:
         resume = 0
         for attempt in range(KILLS):
             target = resume + rng.randint(1, INTERVAL + 5)  # a random step of this attempt, before or after a save
-            wait_for(lambda a=attempt, t=target: training(rc, namespace, "kills", a, t), timeout=TIMEOUT,
-                     what=f"attempt {attempt} past step {target}", interval=0.25)
+            wait_for(
+                lambda a=attempt, t=target: training(rc, namespace, "kills", a, t),
+                timeout=TIMEOUT,
+                what=f"attempt {attempt} past step {target}",
+                interval=0.25,
+            )
             rank = rng.randrange(2)
             lost_before = (job_status(rc, namespace, "kills").get("progress") or {}).get("stepsLostToRestarts") or 0
             t0 = time.monotonic()
@@ -89,13 +106,22 @@ def test_rank_sigkill_at_random_steps(real_cluster: RealCluster, chart_operator:
         podwatch.stop.set()
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     result = json.loads((out / "result.json").read_text())
-    figures = {"scenario": "rank SIGKILL at random steps (real nodes)", "seed": SEED, "kills": KILLS,
-               "max_steps": max_steps, "checkpoint_interval": INTERVAL,
-               "violations": len(seen.overlaps) + (st.get("restarts") != KILLS)
-               + sum(s > INTERVAL for s in lost) + sum(r % INTERVAL != 0 for r in resumed),
-               "time_to_detect_s": _pct(detect), "restart_gap_s": _pct(gaps), "recovery_s": _pct(recover),
-               "steps_lost_per_restart": {"max": max(lost), "total": sum(lost)},
-               "pods_created": seen.pods_created["kills"]}
+    figures = {
+        "scenario": "rank SIGKILL at random steps (real nodes)",
+        "seed": SEED,
+        "kills": KILLS,
+        "max_steps": max_steps,
+        "checkpoint_interval": INTERVAL,
+        "violations": len(seen.overlaps)
+        + (st.get("restarts") != KILLS)
+        + sum(s > INTERVAL for s in lost)
+        + sum(r % INTERVAL != 0 for r in resumed),
+        "time_to_detect_s": _pct(detect),
+        "restart_gap_s": _pct(gaps),
+        "recovery_s": _pct(recover),
+        "steps_lost_per_restart": {"max": max(lost), "total": sum(lost)},
+        "pods_created": seen.pods_created["kills"],
+    }
     report("rank-kills", figures)
     assert seen.overlaps == [], seen.overlaps
     assert st["restarts"] == KILLS, st
@@ -107,45 +133,78 @@ def test_rank_sigkill_at_random_steps(real_cluster: RealCluster, chart_operator:
     assert seen.pods_created["kills"] == 2 * (KILLS + 1)  # each rank once per attempt
 
 
-def test_frozen_rank_and_partitioned_nodes(real_cluster: RealCluster, chart_operator: str, namespace: str,
-                                           api_client: client.ApiClient) -> None:
+def test_frozen_rank_and_partitioned_nodes(
+    real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient
+) -> None:
     """Rank 1's worker frozen (SIGSTOP), then, in the next attempt, the nodes' pod networks cut apart: rank 0 blocks
     in a collective until spec.training.extraArgs.ddp_timeout, fails, and the operator restarts the gang (the frozen
     or cut-off pod is stopped with the short failure grace, then killed); the job resumes from its newest
     checkpoint. The cut heals once the operator has asked for the next attempt."""
     rc = real_cluster
-    out = long_tiny(rc, namespace, "frozen", steps=240, interval=INTERVAL, maxRestarts=2,
-                    terminationGracePeriodSeconds=10, pod={"affinity": SPREAD},
-                    **{"training.extraArgs": {"ddp_timeout": 20, "logging_steps": 5}})
+    out = long_tiny(
+        rc,
+        namespace,
+        "frozen",
+        steps=240,
+        interval=INTERVAL,
+        maxRestarts=2,
+        terminationGracePeriodSeconds=10,
+        pod={"affinity": SPREAD},
+        **{"training.extraArgs": {"ddp_timeout": 20, "logging_steps": 5}},
+    )
     seen = Observed()
     podwatch = PodWatch(api_client, namespace, seen)
     podwatch.start()
     figures: dict[str, Any] = {}
     try:
-        wait_for(lambda: training(rc, namespace, "frozen", 0, INTERVAL), timeout=TIMEOUT, what="attempt 0 training",
-                 interval=0.25)
+        wait_for(
+            lambda: training(rc, namespace, "frozen", 0, INTERVAL),
+            timeout=TIMEOUT,
+            what="attempt 0 training",
+            interval=0.25,
+        )
         t0 = time.monotonic()
         signal_worker(rc, namespace, "frozen-node-1", "SIGSTOP")
         d, r, _, st = _recover(rc, namespace, "frozen", 0, t0)
-        figures["frozen"] = {"time_to_detect_s": round(d, 2), "recovery_s": round(r, 2),
-                             "reason": st["failure"]["reason"]}
+        figures["frozen"] = {
+            "time_to_detect_s": round(d, 2),
+            "recovery_s": round(r, 2),
+            "reason": st["failure"]["reason"],
+        }
         _on_two_nodes(rc, namespace, "frozen")
         t0 = time.monotonic()
         with rc.nodes.partition(0, 1):
-            restarted = wait_for(lambda: (s := job_status(rc, namespace, "frozen")).get("attempt") == 2 and s,
-                                 timeout=240, what="the gang restart of the partitioned attempt", interval=0.25)
+            restarted = wait_for(
+                lambda: (s := job_status(rc, namespace, "frozen")).get("attempt") == 2 and s,
+                timeout=240,
+                what="the gang restart of the partitioned attempt",
+                interval=0.25,
+            )
         d = time.monotonic() - t0
         resume = int((restarted.get("progress") or {}).get("step") or 0)
-        st = wait_for(lambda: training(rc, namespace, "frozen", 2, resume), timeout=TIMEOUT,
-                      what="attempt 2 training", interval=0.5)
-        figures["partitioned"] = {"time_to_detect_s": round(d, 2), "recovery_s": round(time.monotonic() - t0, 2),
-                                  "reason": st["failure"]["reason"]}
+        st = wait_for(
+            lambda: training(rc, namespace, "frozen", 2, resume),
+            timeout=TIMEOUT,
+            what="attempt 2 training",
+            interval=0.5,
+        )
+        figures["partitioned"] = {
+            "time_to_detect_s": round(d, 2),
+            "recovery_s": round(time.monotonic() - t0, 2),
+            "reason": st["failure"]["reason"],
+        }
         st = wait_terminal(rc, namespace, "frozen")
     finally:
         podwatch.stop.set()
-    report("frozen-partitioned", {"scenario": "frozen rank (SIGSTOP), partitioned nodes (real nodes)",
-                                   "ddp_timeout_s": 20, **figures,
-                                   "violations": len(seen.overlaps) + (st["state"] != "Succeeded")})
+    report(
+        "frozen-partitioned",
+        {
+            "scenario": "frozen rank (SIGSTOP), partitioned nodes (real nodes)",
+            "ddp_timeout_s": 20,
+            **figures,
+            "violations": len(seen.overlaps) + (st["state"] != "Succeeded"),
+        },
+    )
     assert seen.overlaps == [], seen.overlaps
     assert st["state"] == "Succeeded" and st["restarts"] == 2, (st, diagnostics(rc, namespace))
     assert figures["frozen"]["reason"] == figures["partitioned"]["reason"] == "TrainingError", figures

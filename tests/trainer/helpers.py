@@ -50,9 +50,12 @@ def tiny_config(out_dir: Path, example: str = "sequence-classification", **over:
 
 def ort_venv() -> Path:
     """The ONNX Runtime stack's venv (``$FINETUNE_ORT_VENV``, else where ``.ci/venv.sh`` builds it)."""
-    venv = os.environ.get("FINETUNE_ORT_VENV") or subprocess.run(
-        ["bash", str(REPO / ".ci" / "venv.sh"), "--ort-path"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    venv = (
+        os.environ.get("FINETUNE_ORT_VENV")
+        or subprocess.run(
+            ["bash", str(REPO / ".ci" / "venv.sh"), "--ort-path"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     return Path(venv)
 
 

@@ -18,8 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_run_local_trains_the_example(tmp_path: Path) -> None:
     finetune = Path(sys.executable).with_name("finetune")
-    proc = subprocess.run([str(finetune), "run-local", "examples/tiny-job.yaml", "--workdir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [str(finetune), "run-local", "examples/tiny-job.yaml", "--workdir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "output" / "default" / "tiny"
     result = json.loads((out / "result.json").read_text())

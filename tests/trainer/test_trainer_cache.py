@@ -421,16 +421,19 @@ def test_wait_for_marker_waits_while_rank_0_downloads(tmp_path: Path) -> None:
             os.utime(beat, (now[0], now[0]))
 
     with pytest.raises(RendezvousTimeout):
-        hfcache.wait_for_marker(path, make_plan(), timeout_s=30, clock=lambda: now[0], sleep=sleep,
-                                wall=lambda: now[0])
+        hfcache.wait_for_marker(path, make_plan(), timeout_s=30, clock=lambda: now[0], sleep=sleep, wall=lambda: now[0])
     assert 100 + 30 <= now[0] <= 100 + hfcache.HEARTBEAT_FRESH + 30 + 5
 
 
 def test_heartbeat_touches_while_running_and_is_removed(tmp_path: Path) -> None:
     beat = str(tmp_path / "m.json.fetching")
     with hfcache.heartbeat(beat, every=0.05):
-        first = poll(lambda: os.path.exists(beat) and os.path.getmtime(beat), timeout=10, interval=0.01,
-                     what="the first heartbeat")
+        first = poll(
+            lambda: os.path.exists(beat) and os.path.getmtime(beat),
+            timeout=10,
+            interval=0.01,
+            what="the first heartbeat",
+        )
         poll(lambda: os.path.getmtime(beat) > first, timeout=10, interval=0.01, what="a later heartbeat")
     assert not os.path.exists(beat)
 

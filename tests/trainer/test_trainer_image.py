@@ -44,8 +44,11 @@ def test_image_runs_as_numeric_non_root_user(dockerfile: str) -> None:
 
 
 def pins(lock: str) -> dict[str, str]:
-    lines = [ln.split(";")[0].strip() for ln in (IMAGE / lock).read_text().splitlines()
-             if ln and not ln.startswith((" ", "#"))]
+    lines = [
+        ln.split(";")[0].strip()
+        for ln in (IMAGE / lock).read_text().splitlines()
+        if ln and not ln.startswith((" ", "#"))
+    ]
     assert lines and all("==" in ln for ln in lines), [ln for ln in lines if "==" not in ln]
     return dict(ln.split("==", 1) for ln in lines)
 
@@ -55,15 +58,15 @@ def test_default_lock_pins_the_current_stack() -> None:
     assert p["torch"] == "2.15.0" and p["transformers"] == "5.24.0" and p["accelerate"] == "1.15.0"
     assert p["datasets"] == "5.2.0" and p["peft"] == "0.21.2" and p["trl"] == "1.16.0"
     assert not {"optimum", "onnxruntime-training-cpu", "pytest"} & set(p)  # no ORT, no test tools in the image
-    assert 'COPY requirements.lock' in (IMAGE / "Dockerfile").read_text()
-    assert 'COPY requirements.lock' in (IMAGE / "Dockerfile.cpu").read_text()
+    assert "COPY requirements.lock" in (IMAGE / "Dockerfile").read_text()
+    assert "COPY requirements.lock" in (IMAGE / "Dockerfile.cpu").read_text()
 
 
 def test_ort_lock_is_the_frozen_stack() -> None:
     p = pins("requirements-ort.lock")
     assert p["torch"] == "2.6.0" and p["transformers"] == "4.50.3" and p["optimum"] == "1.27.0"
     assert p["onnxruntime-training-cpu"] == "1.19.2" and p["accelerate"] == "1.9.0"
-    assert 'COPY requirements-ort.lock' in (IMAGE / "Dockerfile.ort").read_text()
+    assert "COPY requirements-ort.lock" in (IMAGE / "Dockerfile.ort").read_text()
 
 
 def test_the_dev_venv_runs_the_default_stack() -> None:

@@ -635,8 +635,10 @@ def test_hub_refusals_name_the_model_or_the_dataset(tmp_path: Path) -> None:
         return httpx.Response(code, request=httpx.Request("GET", "https://huggingface.co/api/x"))
 
     config = parse_config(tiny_config(tmp_path, example="causal-lm", dataset={"path": None, "name": "org/data"}))
-    for exc, field in ((RepositoryNotFoundError("404 for org/data", response=response(404)), "dataset.name"),
-                       (GatedRepoError("403: meta-llama/Llama-3.1-8B is gated", response=response(403)), "model.name")):
+    for exc, field in (
+        (RepositoryNotFoundError("404 for org/data", response=response(404)), "dataset.name"),
+        (GatedRepoError("403: meta-llama/Llama-3.1-8B is gated", response=response(403)), "model.name"),
+    ):
         try:
             raise OSError("could not load") from exc
         except OSError as e:
@@ -739,8 +741,9 @@ def test_export_credentials_never_reach_the_training_processes(tmp_path: Path) -
     if os.geteuid() != 0:
         pytest.fail("this test drops to an unprivileged user, so it runs as root (as CI does)")
     secret = {"FINETUNE_HUB_TOKEN": "hf_write", "AWS_SECRET_ACCESS_KEY": "aws_secret", "HF_HOME": "/x"}
-    run = RunEnv(nnodes=1, nproc_per_node=1, node_rank=0, master_addr="a", master_port=1, attempt=0,
-                 job_name="j", namespace="n")
+    run = RunEnv(
+        nnodes=1, nproc_per_node=1, node_rank=0, master_addr="a", master_port=1, attempt=0, job_name="j", namespace="n"
+    )
     os.environ.update(secret)
     try:
         env = worker_env(run, 0.0, str(tmp_path / "err"))
@@ -769,15 +772,27 @@ def test_export_credentials_never_reach_the_training_processes(tmp_path: Path) -
 
     def environ_readable(hide: bool) -> bool:
         holder = subprocess.Popen(
-            [python, "-c", f"import sys, time; sys.path.insert(0, {str(shared / 'src')!r}); "
-             "from finetune_trainer import credentials; "
-             f"print(credentials.hide_secrets() if {hide} else False, flush=True); time.sleep(30)"],
-            env={"PATH": "/usr/bin:/bin", **secret}, stdout=subprocess.PIPE, text=True, **nobody)
+            [
+                python,
+                "-c",
+                f"import sys, time; sys.path.insert(0, {str(shared / 'src')!r}); "
+                "from finetune_trainer import credentials; "
+                f"print(credentials.hide_secrets() if {hide} else False, flush=True); time.sleep(30)",
+            ],
+            env={"PATH": "/usr/bin:/bin", **secret},
+            stdout=subprocess.PIPE,
+            text=True,
+            **nobody,
+        )
         try:
             assert holder.stdout is not None
             assert holder.stdout.readline().strip() == str(hide)
-            reader = subprocess.run([python, "-c", f"open('/proc/{holder.pid}/environ', 'rb').read()"],
-                                    capture_output=True, env={"PATH": "/usr/bin:/bin"}, **nobody)
+            reader = subprocess.run(
+                [python, "-c", f"open('/proc/{holder.pid}/environ', 'rb').read()"],
+                capture_output=True,
+                env={"PATH": "/usr/bin:/bin"},
+                **nobody,
+            )
             return reader.returncode == 0
         finally:
             holder.kill()

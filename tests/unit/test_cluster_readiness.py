@@ -18,8 +18,13 @@ from tests.unit.factories import NOW, base_spec, decided, job
 pytestmark = pytest.mark.unit
 
 REF = JobRef(name="ft", namespace="ns", uid="uid-1")
-TEMPLATE = {"spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs",
-                     "resources": {"requests": {"storage": "50Gi"}}}}
+TEMPLATE = {
+    "spec": {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "nfs",
+        "resources": {"requests": {"storage": "50Gi"}},
+    }
+}
 spec_dict = base_spec
 
 
@@ -35,10 +40,17 @@ GPU = {"limits": {"nvidia.com/gpu": 8}}
 
 # -- output claims ---------------------------------------------------------------------------------------------
 
+
 def test_claim_template_is_created_owned_by_the_job_before_the_pods() -> None:
     plan = decided(job(nodes=2, output={"volumeClaimTemplate": TEMPLATE}), [])
-    assert [o["kind"] for o in plan.create] == ["PersistentVolumeClaim", "NetworkPolicy", "Service", "ConfigMap", "Pod",
-                                          "Pod"]
+    assert [o["kind"] for o in plan.create] == [
+        "PersistentVolumeClaim",
+        "NetworkPolicy",
+        "Service",
+        "ConfigMap",
+        "Pod",
+        "Pod",
+    ]
     claim = plan.create[0]
     assert claim["metadata"]["name"] == "ft-output"
     assert claim["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -48,37 +60,55 @@ def test_claim_template_is_created_owned_by_the_job_before_the_pods() -> None:
 
 
 def test_retained_claim_has_no_owner_so_it_outlives_the_job() -> None:
-    spec = parse_spec(spec_dict(output={"volumeClaimTemplate": {**TEMPLATE, "metadata": {"labels": {"team": "a"}}},
-                                        "reclaimPolicy": "Retain"}))
+    spec = parse_spec(
+        spec_dict(
+            output={
+                "volumeClaimTemplate": {**TEMPLATE, "metadata": {"labels": {"team": "a"}}},
+                "reclaimPolicy": "Retain",
+            }
+        )
+    )
     claim = build_output_claim(REF, spec)
     assert claim is not None and "ownerReferences" not in claim["metadata"]
     assert claim["metadata"]["labels"]["team"] == "a"
     assert claim["metadata"]["labels"]["finetune.dev/job-name"] == "ft"
 
 
-@pytest.mark.parametrize(("output", "nodes", "field"), [
-    ({"claimName": "o", "volumeClaimTemplate": TEMPLATE}, 1, "spec.output"),
-    ({}, 1, "spec.output"),
-    ({"volumeClaimTemplate": {"spec": {**TEMPLATE["spec"], "accessModes": ["ReadWriteOnce"]}}}, 2,
-     "spec.output.volumeClaimTemplate.spec.accessModes"),
-    ({"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {}}}}}, 1,
-     "spec.output.volumeClaimTemplate.spec.resources.requests.storage"),
-])
+@pytest.mark.parametrize(
+    ("output", "nodes", "field"),
+    [
+        ({"claimName": "o", "volumeClaimTemplate": TEMPLATE}, 1, "spec.output"),
+        ({}, 1, "spec.output"),
+        (
+            {"volumeClaimTemplate": {"spec": {**TEMPLATE["spec"], "accessModes": ["ReadWriteOnce"]}}},
+            2,
+            "spec.output.volumeClaimTemplate.spec.accessModes",
+        ),
+        (
+            {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {}}}}},
+            1,
+            "spec.output.volumeClaimTemplate.spec.resources.requests.storage",
+        ),
+    ],
+)
 def test_bad_output_names_the_field(output: dict[str, Any], nodes: int, field: str) -> None:
     with pytest.raises(SpecError) as e:
         parse_spec(spec_dict(output=output, nodes=nodes))
     assert e.value.field == field
 
 
-@pytest.mark.parametrize(("claim", "nodes", "refused"), [
-    (pvc(["ReadWriteOnce"]), 2, True),
-    (pvc(["ReadWriteOncePod"]), 2, True),
-    (pvc(["ReadWriteOnce"]), 1, False),
-    (pvc(["ReadWriteMany"]), 4, False),
-    (pvc(["ReadWriteMany", "ReadWriteOnce"]), 4, False),
-    (pvc(["ReadOnlyMany"]), 1, True),
-    (pvc(["ReadWriteMany"], bound=["ReadWriteOnce"]), 2, True),  # what the volume gave wins over the request
-])
+@pytest.mark.parametrize(
+    ("claim", "nodes", "refused"),
+    [
+        (pvc(["ReadWriteOnce"]), 2, True),
+        (pvc(["ReadWriteOncePod"]), 2, True),
+        (pvc(["ReadWriteOnce"]), 1, False),
+        (pvc(["ReadWriteMany"]), 4, False),
+        (pvc(["ReadWriteMany", "ReadWriteOnce"]), 4, False),
+        (pvc(["ReadOnlyMany"]), 1, True),
+        (pvc(["ReadWriteMany"], bound=["ReadWriteOnce"]), 2, True),  # what the volume gave wins over the request
+    ],
+)
 def test_existing_claim_access_modes(claim: dict[str, Any], nodes: int, refused: bool) -> None:
     v = check_claims("ft", parse_spec(spec_dict(nodes=nodes)), {"o": claim})
     assert (v is not None) == refused
@@ -104,6 +134,7 @@ def test_cache_claim_is_checked_too() -> None:
 
 # -- namespace totals ---------------------------------------------------------------------------------------------
 
+
 def test_usage_counts_only_jobs_that_hold_pods() -> None:
     states = ["Running", "Restarting", "Created", "Pending", "Succeeded", "Failed", "Suspended"]
     others = [job({"state": s}, uid=f"u{i}", name=f"j{i}", nodes=2, resources=GPU) for i, s in enumerate(states)]
@@ -111,13 +142,16 @@ def test_usage_counts_only_jobs_that_hold_pods() -> None:
     assert usage_of([*others, itself], exclude_uid="uid-1") == Usage(jobs=3, nodes=6, gpus=48)
 
 
-@pytest.mark.parametrize(("usage", "nodes", "settings", "expect"), [
-    (Usage(1, 2, 16), 2, Settings(max_gpus_per_namespace=32), None),
-    (Usage(1, 2, 16), 3, Settings(max_gpus_per_namespace=32), "wait"),
-    (Usage(0, 0, 0), 5, Settings(max_gpus_per_namespace=32), "never"),
-    (Usage(2, 7, 0), 2, Settings(max_nodes_per_namespace=8), "wait"),
-    (None, 64, Settings(max_nodes_per_namespace=8), None),  # nothing read: no limit configured
-])
+@pytest.mark.parametrize(
+    ("usage", "nodes", "settings", "expect"),
+    [
+        (Usage(1, 2, 16), 2, Settings(max_gpus_per_namespace=32), None),
+        (Usage(1, 2, 16), 3, Settings(max_gpus_per_namespace=32), "wait"),
+        (Usage(0, 0, 0), 5, Settings(max_gpus_per_namespace=32), "never"),
+        (Usage(2, 7, 0), 2, Settings(max_nodes_per_namespace=8), "wait"),
+        (None, 64, Settings(max_nodes_per_namespace=8), None),  # nothing read: no limit configured
+    ],
+)
 def test_namespace_limits(usage: Usage | None, nodes: int, settings: Settings, expect: str | None) -> None:
     a = check_namespace(parse_spec(spec_dict(nodes=nodes, resources=GPU)), usage, settings)
     assert (None if a is None else ("never" if a.permanent else "wait")) == expect
@@ -139,16 +173,23 @@ def test_job_over_the_namespace_total_waits_quietly_then_starts() -> None:
     again = decided(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings, observed=held)
     assert again.events == [] and again.create == []  # still held: no event, no pods (no retry storm)
     assert replace(again.status, admission_retry_time=None) == replace(waiting.status, admission_retry_time=None)
-    early = decided(job(waiting.status, nodes=2, resources=GPU), [], now=NOW + timedelta(seconds=5), settings=settings,
-                   observed=Observed(usage=Usage()))
+    early = decided(
+        job(waiting.status, nodes=2, resources=GPU),
+        [],
+        now=NOW + timedelta(seconds=5),
+        settings=settings,
+        observed=Observed(usage=Usage()),
+    )
     assert early.create == [] and early.requeue_after == 25.0  # retries on the clock, not on every event
-    free = decided(job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings,
-                  observed=Observed(usage=Usage()))
+    free = decided(
+        job(waiting.status, nodes=2, resources=GPU), [], now=later, settings=settings, observed=Observed(usage=Usage())
+    )
     assert [o["kind"] for o in free.create][-2:] == ["Pod", "Pod"]
     assert free.status.admission_retry_time is None
 
 
 # -- PodDisruptionBudget -----------------------------------------------------------------------------------------
+
 
 def test_pdb_lives_while_the_gang_can_run() -> None:
     pdb_spec = {"podDisruptionBudget": {"enabled": True}}
@@ -167,13 +208,15 @@ def test_pdb_lives_while_the_gang_can_run() -> None:
 
 # -- networking, MIG, shm, cache ---------------------------------------------------------------------------------
 
+
 def test_default_pod_is_restricted_and_opt_ins_change_only_what_they_name() -> None:
     settings = Settings()
     plain = build_pod(REF, parse_spec(spec_dict()), rank=0, attempt=0, settings=settings)
     assert "hostNetwork" not in plain["spec"]
     assert plain["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    net = build_pod(REF, parse_spec(spec_dict(network={"hostNetwork": True, "rdma": True})), rank=0, attempt=0,
-                    settings=settings)
+    net = build_pod(
+        REF, parse_spec(spec_dict(network={"hostNetwork": True, "rdma": True})), rank=0, attempt=0, settings=settings
+    )
     assert (net["spec"]["hostNetwork"], net["spec"]["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     assert net["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     assert net["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] is True
@@ -185,16 +228,26 @@ def test_one_mig_slice_per_pod_and_no_anti_affinity() -> None:
     pod = build_pod(REF, spec, rank=1, attempt=0, settings=Settings())
     assert "affinity" not in pod["spec"]  # slices of one GPU may serve several ranks
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
-    for limits in ({"nvidia.com/mig-1g.10gb": 2}, {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1},
-                   {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/gpu": 1}):
+    for limits in (
+        {"nvidia.com/mig-1g.10gb": 2},
+        {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1},
+        {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/gpu": 1},
+    ):
         with pytest.raises(SpecError) as e:
             parse_spec(spec_dict(resources={"limits": limits}))
         assert "MIG" in e.value.message and e.value.field.startswith("spec.resources.limits")
 
 
 def test_node_affinity_keeps_the_one_rank_per_node_rule() -> None:
-    node_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "gpu.model", "operator": "In", "values": ["H200"]}]}]}}}
+    node_affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu.model", "operator": "In", "values": ["H200"]}]}
+                ]
+            }
+        }
+    }
     spec = parse_spec(spec_dict(nodes=2, resources=GPU, podTemplate={"affinity": node_affinity}))
     affinity = build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["affinity"]
     assert affinity["nodeAffinity"] == node_affinity["nodeAffinity"] and "podAntiAffinity" in affinity
@@ -208,13 +261,31 @@ def test_quota_refusal_mid_gang_removes_the_ranks_already_created() -> None:
     from finetune_operator.state import read_job, read_pods
     from finetune_operator.status import ts
 
-    created = {"metadata": {"name": "ft-node-0", "uid": "p0", "ownerReferences": [{"uid": "uid-1", "controller": True}],
-                            "labels": {"finetune.dev/attempt": "0", "finetune.dev/node-rank": "0"}}}
-    foreign = {"metadata": {"name": "ft-node-1", "uid": "p1", "ownerReferences": [{"uid": "other", "controller": True}],
-                            "labels": {"finetune.dev/attempt": "0"}}}
-    plan = create_rejected(read_job(job({"attempt": 0})), read_pods([created, foreign]), what="Pod ft-node-1",
-                           code=403, now=NOW, settings=Settings(),
-                           message='pods "ft-node-1" is forbidden: exceeded quota: gpus')
+    created = {
+        "metadata": {
+            "name": "ft-node-0",
+            "uid": "p0",
+            "ownerReferences": [{"uid": "uid-1", "controller": True}],
+            "labels": {"finetune.dev/attempt": "0", "finetune.dev/node-rank": "0"},
+        }
+    }
+    foreign = {
+        "metadata": {
+            "name": "ft-node-1",
+            "uid": "p1",
+            "ownerReferences": [{"uid": "other", "controller": True}],
+            "labels": {"finetune.dev/attempt": "0"},
+        }
+    }
+    plan = create_rejected(
+        read_job(job({"attempt": 0})),
+        read_pods([created, foreign]),
+        what="Pod ft-node-1",
+        code=403,
+        now=NOW,
+        settings=Settings(),
+        message='pods "ft-node-1" is forbidden: exceeded quota: gpus',
+    )
     assert [d.name for d in plan.delete] == ["ft-node-0"] and plan.requeue_after == 30.0
     assert plan.status.state == "Pending"
     # the deleted rank's own events do not re-create the gang at once: the retry waits 30 s
@@ -223,9 +294,15 @@ def test_quota_refusal_mid_gang_removes_the_ranks_already_created() -> None:
     assert decided(job(plan.status), [deleting], now=NOW + timedelta(seconds=31), settings=Settings()).create == []
     retry = decided(job(plan.status), [], now=NOW + timedelta(seconds=31), settings=Settings())
     assert [o["metadata"]["name"] for o in retry.create if o["kind"] == "Pod"] == ["ft-node-0"]
-    pss = create_rejected(read_job(job({"attempt": 0}, podDisruptionBudget={"enabled": True})), [],
-                          what="Pod ft-node-0", code=403, now=NOW, settings=Settings(),
-                          message='pods "ft-node-0" is forbidden: violates PodSecurity "restricted:latest"')
+    pss = create_rejected(
+        read_job(job({"attempt": 0}, podDisruptionBudget={"enabled": True})),
+        [],
+        what="Pod ft-node-0",
+        code=403,
+        now=NOW,
+        settings=Settings(),
+        message='pods "ft-node-0" is forbidden: violates PodSecurity "restricted:latest"',
+    )
     assert pss.status.state == "Failed" and pss.delete_objects == [("PodDisruptionBudget", "ft")]
     assert pss.status.failure is not None and "enforce=privileged" in pss.status.failure.message
 
@@ -236,8 +313,10 @@ def test_a_retained_output_claim_is_checked_before_reuse() -> None:
     assert v is not None and "spec.output.volumeClaimTemplate" in v.message and "ft-output" in v.message
 
 
-@pytest.mark.parametrize(("shm", "memory", "ok"), [("1Gi", "16Gi", True), ("16Gi", "16Gi", False),
-                                                    ("2G", "1Gi", False), ("512Mi", "1Gi", True)])
+@pytest.mark.parametrize(
+    ("shm", "memory", "ok"),
+    [("1Gi", "16Gi", True), ("16Gi", "16Gi", False), ("2G", "1Gi", False), ("512Mi", "1Gi", True)],
+)
 def test_shm_must_fit_under_the_memory_limit(shm: str, memory: str, ok: bool) -> None:
     spec = spec_dict(shmSize=shm, resources={"limits": {"memory": memory}})
     if ok:
@@ -258,8 +337,12 @@ def test_shared_cache_is_mounted_and_named_in_the_config() -> None:
     assert trainer_config(REF, spec)["cache"] == {"path": "/cache/huggingface"}
     assert "cache" not in trainer_config(REF, parse_spec(spec_dict()))
     with pytest.raises(SpecError) as e:
-        parse_spec(spec_dict(cache={"claimName": "hf"}, podTemplate={"volumes": [
-            {"name": "x", "mountPath": "/cache/extra", "emptyDir": {}}]}))
+        parse_spec(
+            spec_dict(
+                cache={"claimName": "hf"},
+                podTemplate={"volumes": [{"name": "x", "mountPath": "/cache/extra", "emptyDir": {}}]},
+            )
+        )
     assert e.value.field == "spec.podTemplate.volumes[0].mountPath"
 
 

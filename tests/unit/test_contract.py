@@ -24,17 +24,29 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 SPECS: dict[str, dict[str, Any]] = {
     "minimal": {"model": {"path": "/m"}, "dataset": {"path": "/d.jsonl"}, "output": {"claimName": "o"}},
     "lora-everything": {
-        "task": "causal-lm", "model": {"name": "org/m", "revision": "v1"},
+        "task": "causal-lm",
+        "model": {"name": "org/m", "revision": "v1"},
         "dataset": {"name": "org/d", "split": "train", "evalSplit": "test", "messagesField": "messages"},
-        "training": {"maxSteps": 7, "lora": {"r": 8, "targetModules": ["all-linear"], "merge": True},
-                     "packing": True, "lossOn": "all", "sharding": "fsdp", "activationCheckpointing": True,
-                     "evaluation": {"strategy": "steps", "everySteps": 3}, "extraArgs": {"warmup_steps": 0.1}},
-        "output": {"claimName": "o", "pushToHub": {"repo": "a/b", "secretRef": {"name": "s"}},
-                   "s3": {"uri": "s3://bucket/p", "region": "eu-west-1"}},
+        "training": {
+            "maxSteps": 7,
+            "lora": {"r": 8, "targetModules": ["all-linear"], "merge": True},
+            "packing": True,
+            "lossOn": "all",
+            "sharding": "fsdp",
+            "activationCheckpointing": True,
+            "evaluation": {"strategy": "steps", "everySteps": 3},
+            "extraArgs": {"warmup_steps": 0.1},
+        },
+        "output": {
+            "claimName": "o",
+            "pushToHub": {"repo": "a/b", "secretRef": {"name": "s"}},
+            "s3": {"uri": "s3://bucket/p", "region": "eu-west-1"},
+        },
     },
     "qlora": {
-        "task": "causal-lm", "model": {"name": "org/m"}, "dataset": {"path": "/d", "promptField": "p",
-                                                                      "completionField": "c"},
+        "task": "causal-lm",
+        "model": {"name": "org/m"},
+        "dataset": {"path": "/d", "promptField": "p", "completionField": "c"},
         "resources": {"limits": {"nvidia.com/gpu": 2}},
         "training": {"epochs": 2, "lora": {"r": 16, "alpha": 64, "quantization": "4bit"}},
         "output": {"claimName": "o"},
@@ -56,20 +68,36 @@ def test_every_builder_output_parses_in_the_trainer(name: str, raw: dict[str, An
     assert cfg.task == spec.task and cfg.acceleration == spec.acceleration
     assert (ct.epochs, ct.max_steps) == (t.epochs, t.max_steps)
     assert (ct.per_device_batch_size, ct.learning_rate, ct.max_seq_length, ct.seed) == (
-        t.per_device_batch_size, t.learning_rate, t.max_seq_length, t.seed)
+        t.per_device_batch_size,
+        t.learning_rate,
+        t.max_seq_length,
+        t.seed,
+    )
     assert (ct.packing, ct.loss_on, ct.sharding, ct.activation_checkpointing) == (
-        t.packing, t.loss_on, t.sharding, t.activation_checkpointing)
+        t.packing,
+        t.loss_on,
+        t.sharding,
+        t.activation_checkpointing,
+    )
     d = spec.dataset
     assert cfg.dataset.sft_format == ("chat" if d.messages_field else "prompt-completion" if d.prompt_field else None)
     assert (cfg.dataset.name, cfg.dataset.path, cfg.dataset.split, cfg.dataset.eval_split) == (
-        d.name, d.path, d.split, d.eval_split)
+        d.name,
+        d.path,
+        d.split,
+        d.eval_split,
+    )
     if t.lora is None:
         assert ct.lora is None
     else:
         assert ct.lora is not None
         assert ct.lora.alpha == (t.lora.alpha if t.lora.alpha is not None else 2 * t.lora.r)
         assert (ct.lora.r, ct.lora.target_modules, ct.lora.quantization, ct.lora.merge) == (
-            t.lora.r, t.lora.target_modules, t.lora.quantization, t.lora.merge)
+            t.lora.r,
+            t.lora.target_modules,
+            t.lora.quantization,
+            t.lora.merge,
+        )
     hub, s3 = spec.output.push_to_hub, spec.output.s3
     assert (cfg.push_to_hub.repo if cfg.push_to_hub else None) == (hub.repo if hub else None)
     assert (cfg.s3.uri if cfg.s3 else None) == (s3.uri if s3 else None)
@@ -85,20 +113,24 @@ def test_both_sides_manage_the_same_training_arguments() -> None:
     assert set(op_spec.MANAGED_TRAINING_ARGS) >= {"output_dir", "push_to_hub", "fsdp", "learning_rate"}
 
 
-@pytest.mark.parametrize(("crd_path", "trainer_field"), [
-    (["training", "perDeviceBatchSize"], "per_device_batch_size"),
-    (["training", "gradientAccumulationSteps"], "gradient_accumulation_steps"),
-    (["training", "learningRate"], "learning_rate"),
-    (["training", "maxSeqLength"], "max_seq_length"),
-    (["training", "precision"], "precision"),
-    (["training", "seed"], "seed"),
-    (["training", "checkpointEverySteps"], "checkpoint_every_steps"),
-    (["training", "keepCheckpoints"], "keep_checkpoints"),
-    (["training", "packing"], "packing"),
-    (["training", "lossOn"], "loss_on"),
-    (["training", "sharding"], "sharding"),
-    (["training", "activationCheckpointing"], "activation_checkpointing"),
-], ids=lambda x: ".".join(x) if isinstance(x, list) else "")
+@pytest.mark.parametrize(
+    ("crd_path", "trainer_field"),
+    [
+        (["training", "perDeviceBatchSize"], "per_device_batch_size"),
+        (["training", "gradientAccumulationSteps"], "gradient_accumulation_steps"),
+        (["training", "learningRate"], "learning_rate"),
+        (["training", "maxSeqLength"], "max_seq_length"),
+        (["training", "precision"], "precision"),
+        (["training", "seed"], "seed"),
+        (["training", "checkpointEverySteps"], "checkpoint_every_steps"),
+        (["training", "keepCheckpoints"], "keep_checkpoints"),
+        (["training", "packing"], "packing"),
+        (["training", "lossOn"], "loss_on"),
+        (["training", "sharding"], "sharding"),
+        (["training", "activationCheckpointing"], "activation_checkpointing"),
+    ],
+    ids=lambda x: ".".join(x) if isinstance(x, list) else "",
+)
 def test_crd_defaults_are_the_trainers(crd_path: list[str], trainer_field: str) -> None:
     node = SPEC_SCHEMA
     for p in crd_path:

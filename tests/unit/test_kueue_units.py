@@ -20,8 +20,20 @@ from tests.unit.factories import NOW, REF, STARTED, base_spec, decided, job, run
 
 pytestmark = pytest.mark.unit
 LATER = NOW + timedelta(minutes=5)
-PENDING = read_workload({"status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
-                                                    "message": "insufficient quota for nvidia.com/gpu"}]}})
+PENDING = read_workload(
+    {
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": "insufficient quota for nvidia.com/gpu",
+                }
+            ]
+        }
+    }
+)
 
 
 def gated(rank: int, attempt: int = 0, queue: str | None = "team") -> dict[str, Any]:
@@ -39,8 +51,14 @@ def queued_job(**status: Any) -> dict[str, Any]:
 
 def queued_status(**over: Any) -> dict[str, Any]:
     """A job whose attempt 0 was created at NOW - 1 min (when the job started) and is queued since."""
-    return {**STARTED, "state": "Created", **over, "conditions": [
-        {"type": "Queued", "status": "True", "reason": "Pending", "message": "m", "lastTransitionTime": ts(NOW)}]}
+    return {
+        **STARTED,
+        "state": "Created",
+        **over,
+        "conditions": [
+            {"type": "Queued", "status": "True", "reason": "Pending", "message": "m", "lastTransitionTime": ts(NOW)}
+        ],
+    }
 
 
 def test_an_attempt_is_one_pod_group_whose_pods_are_never_replaced() -> None:
@@ -74,18 +92,52 @@ def test_a_queue_name_that_is_no_label_value_is_refused(name: str) -> None:
 def test_the_workload_read_gives_kueues_reason_and_message() -> None:
     assert not read_workload(None).admitted
     assert (PENDING.admitted, PENDING.reason) == (False, "Pending") and "insufficient quota" in PENDING.message
-    admitted = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-                                          {"type": "Admitted", "status": "True", "reason": "Admitted",
-                                           "message": "The workload is admitted"}]}}
+    admitted = {
+        "status": {
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted"},
+            ]
+        }
+    }
     assert read_workload(admitted).admitted
     # quota reserved, admission checks pending: what holds it now is the Admitted condition's
-    checks = read_workload({"status": {"conditions": [
-        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in cq"},
-        {"type": "Admitted", "status": "False", "reason": "Pending", "message": "waiting for admission check prov"}]}})
+    checks = read_workload(
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "QuotaReserved",
+                        "status": "True",
+                        "reason": "QuotaReserved",
+                        "message": "Quota reserved in cq",
+                    },
+                    {
+                        "type": "Admitted",
+                        "status": "False",
+                        "reason": "Pending",
+                        "message": "waiting for admission check prov",
+                    },
+                ]
+            }
+        }
+    )
     assert (checks.admitted, checks.message) == (False, "waiting for admission check prov")
-    evicted = read_workload({"status": {"conditions": [
-        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "insufficient quota"},
-        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted to accommodate b"}]}})
+    evicted = read_workload(
+        {
+            "status": {
+                "conditions": [
+                    {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "insufficient quota"},
+                    {
+                        "type": "Evicted",
+                        "status": "True",
+                        "reason": "Preempted",
+                        "message": "Preempted to accommodate b",
+                    },
+                ]
+            }
+        }
+    )
     assert (evicted.reason, evicted.message) == ("Preempted", "Preempted to accommodate b")
 
 
@@ -99,16 +151,23 @@ def test_a_gated_gang_is_queued_with_kueues_message_then_admitted() -> None:
     assert [e.reason for e in plan.events] == ["Queued"] and plan.requeue_after == 10.0
     assert not plan.create and not plan.delete  # queued: nothing to do but wait, however long
 
-    again = decided(job({**plan.status.to_wire()}, nodes=2, queueName="team"), [gated(0), gated(1)], now=LATER,
-                    observed=Observed(queue=PENDING))
+    again = decided(
+        job({**plan.status.to_wire()}, nodes=2, queueName="team"),
+        [gated(0), gated(1)],
+        now=LATER,
+        observed=Observed(queue=PENDING),
+    )
     assert again.events == []  # one event per wait, not per pass
     # one rank's gates lifted, the other's not yet: still queued
-    half = decided(job({**plan.status.to_wire()}, nodes=2, queueName="team"), [running(0), gated(1)], now=LATER,
-                   observed=Observed(queue=PENDING))
+    half = decided(
+        job({**plan.status.to_wire()}, nodes=2, queueName="team"),
+        [running(0), gated(1)],
+        now=LATER,
+        observed=Observed(queue=PENDING),
+    )
     assert half.status.condition("Queued").status and half.status.state == "Created"  # type: ignore[union-attr]
 
-    admitted = decided(job({**plan.status.to_wire()}, nodes=2, queueName="team"), [running(0), running(1)],
-                       now=LATER)
+    admitted = decided(job({**plan.status.to_wire()}, nodes=2, queueName="team"), [running(0), running(1)], now=LATER)
     cond = admitted.status.condition("Queued")
     assert cond is not None and not cond.status and cond.reason == "Admitted"
     assert admitted.status.state == "Running" and "Admitted" in [e.reason for e in admitted.events]
@@ -130,21 +189,34 @@ def test_pods_kueue_queued_without_a_queue_name_are_followed_too() -> None:
 def test_the_deadline_waits_for_the_first_admission_but_not_for_a_requeue() -> None:
     long_ago = ts(NOW - timedelta(hours=2))
     queued = queued_status(startTime=long_ago, attemptStartTime=long_ago)
-    plan = decided(job(queued, nodes=2, queueName="team", activeDeadlineSeconds=3600), [gated(0), gated(1)],
-                   observed=Observed(queue=PENDING))
+    plan = decided(
+        job(queued, nodes=2, queueName="team", activeDeadlineSeconds=3600),
+        [gated(0), gated(1)],
+        observed=Observed(queue=PENDING),
+    )
     assert plan.status.state == "Created" and plan.status.failure is None and not plan.delete
     assert plan.status.condition("Queued").status  # type: ignore[union-attr]
     # queued again after a preemption: the job had started, its clock runs
-    requeued = queued_status(startTime=long_ago, attemptStartTime=ts(NOW - timedelta(minutes=1)), attempt=1,
-                             disruptions=1)
-    plan = decided(job(requeued, nodes=2, queueName="team", activeDeadlineSeconds=3600),
-                   [gated(0, attempt=1), gated(1, attempt=1)], observed=Observed(queue=PENDING))
+    requeued = queued_status(
+        startTime=long_ago, attemptStartTime=ts(NOW - timedelta(minutes=1)), attempt=1, disruptions=1
+    )
+    plan = decided(
+        job(requeued, nodes=2, queueName="team", activeDeadlineSeconds=3600),
+        [gated(0, attempt=1), gated(1, attempt=1)],
+        observed=Observed(queue=PENDING),
+    )
     assert plan.status.state == "Failed" and plan.status.failure.reason == "DeadlineExceeded"  # type: ignore[union-attr]
     # a deadline nearer than the queue's refresh is not put off by it
-    soon = queued_status(startTime=ts(NOW - timedelta(minutes=59, seconds=58)),
-                         attemptStartTime=ts(NOW - timedelta(minutes=1)), attempt=1)
-    plan = decided(job(soon, nodes=2, queueName="team", activeDeadlineSeconds=3600),
-                   [gated(0, attempt=1), gated(1, attempt=1)], observed=Observed(queue=PENDING))
+    soon = queued_status(
+        startTime=ts(NOW - timedelta(minutes=59, seconds=58)),
+        attemptStartTime=ts(NOW - timedelta(minutes=1)),
+        attempt=1,
+    )
+    plan = decided(
+        job(soon, nodes=2, queueName="team", activeDeadlineSeconds=3600),
+        [gated(0, attempt=1), gated(1, attempt=1)],
+        observed=Observed(queue=PENDING),
+    )
     assert plan.requeue_after is not None and plan.requeue_after <= 2.0
 
 
@@ -166,16 +238,26 @@ def test_a_restart_while_queued_clears_the_queued_condition() -> None:
 
 def test_a_rank_that_fails_as_it_is_admitted_is_charged_from_the_admission() -> None:
     gpus = {"resources": {"limits": {"nvidia.com/gpu": 8}}}
-    plan = decided(job(queued_status(), nodes=2, queueName="team", **gpus),
-                   [running(0), running(1, phase="Failed", code=1)])
+    plan = decided(
+        job(queued_status(), nodes=2, queueName="team", **gpus), [running(0), running(1, phase="Failed", code=1)]
+    )
     assert plan.status.state == "Restarting" and plan.status.restarts == 1
     assert "Admitted" in [e.reason for e in plan.events] and not plan.status.gpu_seconds_used
 
 
 def test_kueues_eviction_of_a_running_gang_is_a_disruption() -> None:
-    pod = running(0, deleting=True, conditions=[{
-        "type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted",
-        "message": "Preempted to accommodate a workload (UID: 1) due to prioritization in the ClusterQueue"}])
+    pod = running(
+        0,
+        deleting=True,
+        conditions=[
+            {
+                "type": "TerminationTarget",
+                "status": "True",
+                "reason": "WorkloadEvictedDueToPreempted",
+                "message": "Preempted to accommodate a workload (UID: 1) due to prioritization in the ClusterQueue",
+            }
+        ],
+    )
     pod["spec"] = {"nodeName": "gpu-0"}
     failure = classify_pod(pod)
     assert failure is not None and failure.disruption and failure.reason == "Preempted"

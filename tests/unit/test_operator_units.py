@@ -23,6 +23,7 @@ CRD = yaml.safe_load((ROOT / "crds" / "finetune.dev_finetunejobs.yaml").read_tex
 SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 # -- spec ------------------------------------------------------------------------------------------------
 
+
 def _crd_default(path: list[str]) -> Any:
     node = SPEC_SCHEMA
     for p in path:
@@ -30,51 +31,82 @@ def _crd_default(path: list[str]) -> Any:
     return node.get("default")
 
 
-@pytest.mark.parametrize(("crd_path", "attr"), [
-    (["task"], lambda s: s.task),
-    (["acceleration"], lambda s: s.acceleration),
-    (["nodes"], lambda s: s.nodes),
-    (["maxRestarts"], lambda s: s.max_restarts),
-    (["terminationGracePeriodSeconds"], lambda s: s.termination_grace_period_seconds),
-    (["rendezvousTimeoutSeconds"], lambda s: s.rendezvous_timeout_seconds),
-    (["shmSize"], lambda s: s.shm_size),
-    (["training", "perDeviceBatchSize"], lambda s: s.training.per_device_batch_size),
-    (["training", "gradientAccumulationSteps"], lambda s: s.training.gradient_accumulation_steps),
-    (["training", "learningRate"], lambda s: s.training.learning_rate),
-    (["training", "maxSeqLength"], lambda s: s.training.max_seq_length),
-    (["training", "precision"], lambda s: s.training.precision),
-    (["training", "seed"], lambda s: s.training.seed),
-    (["training", "checkpointEverySteps"], lambda s: s.training.checkpoint_every_steps),
-    (["training", "keepCheckpoints"], lambda s: s.training.keep_checkpoints),
-    (["dataset", "split"], lambda s: s.dataset.split),
-    (["dataset", "textField"], lambda s: s.dataset.text_field),
-    (["dataset", "labelField"], lambda s: s.dataset.label_field),
-], ids=lambda x: ".".join(x) if isinstance(x, list) else "")
+@pytest.mark.parametrize(
+    ("crd_path", "attr"),
+    [
+        (["task"], lambda s: s.task),
+        (["acceleration"], lambda s: s.acceleration),
+        (["nodes"], lambda s: s.nodes),
+        (["maxRestarts"], lambda s: s.max_restarts),
+        (["terminationGracePeriodSeconds"], lambda s: s.termination_grace_period_seconds),
+        (["rendezvousTimeoutSeconds"], lambda s: s.rendezvous_timeout_seconds),
+        (["shmSize"], lambda s: s.shm_size),
+        (["training", "perDeviceBatchSize"], lambda s: s.training.per_device_batch_size),
+        (["training", "gradientAccumulationSteps"], lambda s: s.training.gradient_accumulation_steps),
+        (["training", "learningRate"], lambda s: s.training.learning_rate),
+        (["training", "maxSeqLength"], lambda s: s.training.max_seq_length),
+        (["training", "precision"], lambda s: s.training.precision),
+        (["training", "seed"], lambda s: s.training.seed),
+        (["training", "checkpointEverySteps"], lambda s: s.training.checkpoint_every_steps),
+        (["training", "keepCheckpoints"], lambda s: s.training.keep_checkpoints),
+        (["dataset", "split"], lambda s: s.dataset.split),
+        (["dataset", "textField"], lambda s: s.dataset.text_field),
+        (["dataset", "labelField"], lambda s: s.dataset.label_field),
+    ],
+    ids=lambda x: ".".join(x) if isinstance(x, list) else "",
+)
 def test_parser_defaults_agree_with_the_crd(crd_path, attr) -> None:  # type: ignore[no-untyped-def]
     assert attr(parse_spec(base_spec())) == _crd_default(crd_path)
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    (base_spec(model={"path": "/m", "name": "bert"}), "spec.model"),
-    (base_spec(dataset={}), "spec.dataset"),
-    (base_spec(training={"maxSteps": 1, "epochs": 1}), "spec.training"),
-    (base_spec(training={"extraArgs": {"learning_rate": 1}}), "spec.training.extraArgs.learning_rate"),
-    (base_spec(procsPerNode=2, resources={"limits": {"nvidia.com/gpu": 4}}), "spec.procsPerNode"),
-    (base_spec(env=[{"name": "PET_NNODES", "value": "9"}]), "spec.env[0].name"),
-    (base_spec(podTemplate={"volumes": [{"name": "x", "mountPath": "/etc/finetune/x", "emptyDir": {}}]}),
-     "spec.podTemplate.volumes[0].mountPath"),
-    (base_spec(podTemplate={"volumes": [{"name": "output", "mountPath": "/data", "emptyDir": {}}]}),
-     "spec.podTemplate.volumes"),
-    (base_spec(task="causal-lm", training={"lora": {"r": 4, "quantization": "4bit"}}),
-     "spec.training.lora.quantization"),
-    (base_spec(task="causal-lm", resources={"limits": {"nvidia.com/gpu": 1}},
-               model={"name": "m", "initFromConfig": True}, training={"lora": {"r": 4, "quantization": "4bit"}}),
-     "spec.training.lora.quantization"),
-    (base_spec(task="causal-lm", acceleration="ort", training={"sharding": "fsdp"}), "spec.training.sharding"),
-    (base_spec(output={"claimName": "o", "pushToHub": {"repo": "a/b"}}), "spec.output.pushToHub.secretRef"),
-], ids=["model-both", "dataset-none", "epochs-and-steps", "managed-arg", "procs-vs-gpus", "reserved-env",
-        "mount-overlap", "volume-name-clash", "qlora-without-gpus", "qlora-random-init", "fsdp-on-ort",
-        "push-without-token"])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (base_spec(model={"path": "/m", "name": "bert"}), "spec.model"),
+        (base_spec(dataset={}), "spec.dataset"),
+        (base_spec(training={"maxSteps": 1, "epochs": 1}), "spec.training"),
+        (base_spec(training={"extraArgs": {"learning_rate": 1}}), "spec.training.extraArgs.learning_rate"),
+        (base_spec(procsPerNode=2, resources={"limits": {"nvidia.com/gpu": 4}}), "spec.procsPerNode"),
+        (base_spec(env=[{"name": "PET_NNODES", "value": "9"}]), "spec.env[0].name"),
+        (
+            base_spec(podTemplate={"volumes": [{"name": "x", "mountPath": "/etc/finetune/x", "emptyDir": {}}]}),
+            "spec.podTemplate.volumes[0].mountPath",
+        ),
+        (
+            base_spec(podTemplate={"volumes": [{"name": "output", "mountPath": "/data", "emptyDir": {}}]}),
+            "spec.podTemplate.volumes",
+        ),
+        (
+            base_spec(task="causal-lm", training={"lora": {"r": 4, "quantization": "4bit"}}),
+            "spec.training.lora.quantization",
+        ),
+        (
+            base_spec(
+                task="causal-lm",
+                resources={"limits": {"nvidia.com/gpu": 1}},
+                model={"name": "m", "initFromConfig": True},
+                training={"lora": {"r": 4, "quantization": "4bit"}},
+            ),
+            "spec.training.lora.quantization",
+        ),
+        (base_spec(task="causal-lm", acceleration="ort", training={"sharding": "fsdp"}), "spec.training.sharding"),
+        (base_spec(output={"claimName": "o", "pushToHub": {"repo": "a/b"}}), "spec.output.pushToHub.secretRef"),
+    ],
+    ids=[
+        "model-both",
+        "dataset-none",
+        "epochs-and-steps",
+        "managed-arg",
+        "procs-vs-gpus",
+        "reserved-env",
+        "mount-overlap",
+        "volume-name-clash",
+        "qlora-without-gpus",
+        "qlora-random-init",
+        "fsdp-on-ort",
+        "push-without-token",
+    ],
+)
 def test_semantic_errors_name_the_field(spec, field) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SpecError) as e:
         parse_spec(spec)
@@ -90,6 +122,7 @@ def test_procs_per_node_derives_from_gpus() -> None:
 
 # -- builders ---------------------------------------------------------------------------------------------
 
+
 def test_env_contract_world_size_counts_processes() -> None:
     spec = parse_spec(base_spec(nodes=3, resources={"limits": {"nvidia.com/gpu": 4}}))
     env = {e["name"]: e["value"] for e in env_contract(REF, spec, rank=2, attempt=5)}
@@ -103,8 +136,9 @@ def test_platform_defaults_for_trainer_pods_sit_under_the_jobs_own(monkeypatch: 
     job's when it names one."""
     gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     monkeypatch.setenv("FINETUNE_TRAINER_NODE_SELECTOR", '{"pool": "gpu", "zone": "a"}')
-    monkeypatch.setenv("FINETUNE_TRAINER_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", '
-                       '"effect": "NoSchedule"}]')
+    monkeypatch.setenv(
+        "FINETUNE_TRAINER_TOLERATIONS", '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]'
+    )
     monkeypatch.setenv("FINETUNE_TRAINER_PRIORITY_CLASS", "training")
     monkeypatch.setenv("FINETUNE_TRAINER_IMAGE_PULL_SECRETS", "registry-cred")
     settings = Settings.from_env()
@@ -112,9 +146,16 @@ def test_platform_defaults_for_trainer_pods_sit_under_the_jobs_own(monkeypatch: 
     assert bare["nodeSelector"] == {"pool": "gpu", "zone": "a"} and bare["tolerations"] == [gpu]
     assert bare["priorityClassName"] == "training" and bare["imagePullSecrets"] == [{"name": "registry-cred"}]
     spot = {"key": "spot", "operator": "Exists"}
-    own = parse_spec(base_spec(podTemplate={"nodeSelector": {"zone": "b"}, "tolerations": [spot, gpu],
-                                            "priorityClassName": "urgent",
-                                            "imagePullSecrets": [{"name": "team-cred"}]}))
+    own = parse_spec(
+        base_spec(
+            podTemplate={
+                "nodeSelector": {"zone": "b"},
+                "tolerations": [spot, gpu],
+                "priorityClassName": "urgent",
+                "imagePullSecrets": [{"name": "team-cred"}],
+            }
+        )
+    )
     mine = build_pod(REF, own, rank=0, attempt=0, settings=settings)["spec"]
     assert mine["nodeSelector"] == {"pool": "gpu", "zone": "b"}
     assert mine["tolerations"] == [spot, gpu]  # no duplicate of the platform's
@@ -126,12 +167,19 @@ def test_platform_defaults_for_trainer_pods_sit_under_the_jobs_own(monkeypatch: 
 
 
 def test_pod_is_restricted_and_uses_references_for_secrets() -> None:
-    spec = parse_spec(base_spec(nodes=2, hfTokenSecretRef={"name": "hf"}, resources={"limits": {"nvidia.com/gpu": 1}},
-                                queueName="team-a"))
+    spec = parse_spec(
+        base_spec(
+            nodes=2, hfTokenSecretRef={"name": "hf"}, resources={"limits": {"nvidia.com/gpu": 1}}, queueName="team-a"
+        )
+    )
     pod = build_pod(REF, spec, rank=1, attempt=2, settings=Settings())
     c = pod["spec"]["containers"][0]
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                    "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in c["env"]
     assert pod["spec"]["affinity"]["podAntiAffinity"]  # multi-node GPU job: one trainer per machine
@@ -144,65 +192,116 @@ def test_trainer_config_resolves_output_and_lora_alpha() -> None:
     spec = parse_spec(base_spec(training={"maxSteps": 5, "lora": {"r": 4}}))
     cfg = trainer_config(REF, spec)
     assert cfg["output"] == {"path": "/output/ns/ft"}
-    assert cfg["training"]["lora"] == {"r": 4, "alpha": 8, "dropout": 0.05, "targetModules": [],
-                                       "quantization": None, "merge": False}
+    assert cfg["training"]["lora"] == {
+        "r": 4,
+        "alpha": 8,
+        "dropout": 0.05,
+        "targetModules": [],
+        "quantization": None,
+        "merge": False,
+    }
 
 
 def test_exports_reach_the_trainer_config_and_credentials_only_by_reference() -> None:
-    spec = parse_spec(base_spec(
-        task="causal-lm", resources={"limits": {"nvidia.com/gpu": 1}},
-        training={"maxSteps": 5, "lora": {"r": 8, "quantization": "4bit", "merge": True}, "sharding": "none",
-                  "activationCheckpointing": True},
-        output={"claimName": "o", "pushToHub": {"repo": "acme/m", "secretRef": {"name": "hub", "key": "write"}},
-                "s3": {"uri": "s3://bucket/runs", "endpoint": "http://minio:9000", "secretRef": {"name": "s3"}}}))
+    spec = parse_spec(
+        base_spec(
+            task="causal-lm",
+            resources={"limits": {"nvidia.com/gpu": 1}},
+            training={
+                "maxSteps": 5,
+                "lora": {"r": 8, "quantization": "4bit", "merge": True},
+                "sharding": "none",
+                "activationCheckpointing": True,
+            },
+            output={
+                "claimName": "o",
+                "pushToHub": {"repo": "acme/m", "secretRef": {"name": "hub", "key": "write"}},
+                "s3": {"uri": "s3://bucket/runs", "endpoint": "http://minio:9000", "secretRef": {"name": "s3"}},
+            },
+        )
+    )
     cfg = trainer_config(REF, spec)
-    assert cfg["output"] == {"path": "/output/ns/ft",
-                             "pushToHub": {"repo": "acme/m", "private": True, "endpoint": None},
-                             "s3": {"uri": "s3://bucket/runs", "endpoint": "http://minio:9000", "region": None}}
+    assert cfg["output"] == {
+        "path": "/output/ns/ft",
+        "pushToHub": {"repo": "acme/m", "private": True, "endpoint": None},
+        "s3": {"uri": "s3://bucket/runs", "endpoint": "http://minio:9000", "region": None},
+    }
     assert cfg["training"]["lora"]["quantization"] == "4bit" and cfg["training"]["lora"]["merge"] is True
     assert cfg["training"]["activationCheckpointing"] is True and cfg["training"]["sharding"] == "none"
     env = build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
-    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e and "secretKeyRef" in
-            e["valueFrom"]}
-    assert refs == {"FINETUNE_HUB_TOKEN": {"name": "hub", "key": "write"},
-                    "AWS_ACCESS_KEY_ID": {"name": "s3", "key": "AWS_ACCESS_KEY_ID"},
-                    "AWS_SECRET_ACCESS_KEY": {"name": "s3", "key": "AWS_SECRET_ACCESS_KEY"},
-                    "AWS_SESSION_TOKEN": {"name": "s3", "key": "AWS_SESSION_TOKEN", "optional": True}}
+    refs = {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+    }
+    assert refs == {
+        "FINETUNE_HUB_TOKEN": {"name": "hub", "key": "write"},
+        "AWS_ACCESS_KEY_ID": {"name": "s3", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "s3", "key": "AWS_SECRET_ACCESS_KEY"},
+        "AWS_SESSION_TOKEN": {"name": "s3", "key": "AWS_SESSION_TOKEN", "optional": True},
+    }
     assert not any("value" in e and e["name"].startswith(("AWS_ACCESS", "AWS_SECRET", "FINETUNE_HUB")) for e in env)
     # the export runs on rank 0: no other rank gets the write credentials; no rank reaches the node's IAM role
     two = parse_spec({**base_spec(nodes=2), "output": spec_output(spec)})
     rank1 = build_pod(REF, two, rank=1, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
     assert not [e for e in rank1 if e["name"] in refs]
-    assert {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"} in env and \
-        {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"} in rank1
+    assert {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"} in env and {
+        "name": "AWS_EC2_METADATA_DISABLED",
+        "value": "true",
+    } in rank1
     allowed = parse_spec(base_spec(output={"claimName": "o", "s3": {"uri": "s3://b/p", "allowInstanceMetadata": True}}))
     env = build_pod(REF, allowed, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
     assert "AWS_EC2_METADATA_DISABLED" not in {e["name"] for e in env}
 
 
 def spec_output(spec: Any) -> dict[str, Any]:
-    return {"claimName": "o", "pushToHub": {"repo": spec.output.push_to_hub.repo, "secretRef": {"name": "hub"}},
-            "s3": {"uri": spec.output.s3.uri, "secretRef": {"name": "s3"}}}
+    return {
+        "claimName": "o",
+        "pushToHub": {"repo": spec.output.push_to_hub.repo, "secretRef": {"name": "hub"}},
+        "s3": {"uri": spec.output.s3.uri, "secretRef": {"name": "s3"}},
+    }
 
 
 # -- failures ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("p", "reason", "disruption", "permanent"), [
-    (pod("Failed", code=137, reason="OOMKilled"), "OOMKilled", False, False),
-    (pod("Failed", code=78, message='{"reason":"ConfigError","message":"dataset.textField: no"}'), "ConfigError",
-     False, True),
-    (pod("Failed", code=75), "RendezvousTimeout", False, False),
-    (pod("Failed", code=77, message='{"reason":"CUDAOutOfMemory","message":"the GPU ran out of memory"}'),
-     "CUDAOutOfMemory", False, True),
-    (pod("Failed", code=1), "TrainingError", False, False),
-    (pod("Failed", code=74, message='{"reason":"ExportFailed","message":"push to the Hub repo"}'), "ExportFailed",
-     False, True),
-    (pod("Failed", code=143), "Terminated", True, False),
-    (pod("Failed", pod_reason="Evicted"), "Evicted", True, False),
-    (pod("Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
-     "Preempted", True, False),
-    (pod("Running", deleting=True), "PodDeleted", True, False),
-], ids=["oom", "config", "rendezvous", "cuda-oom", "crash", "export", "sigterm", "evicted", "preempted", "deleted"])
+
+@pytest.mark.parametrize(
+    ("p", "reason", "disruption", "permanent"),
+    [
+        (pod("Failed", code=137, reason="OOMKilled"), "OOMKilled", False, False),
+        (
+            pod("Failed", code=78, message='{"reason":"ConfigError","message":"dataset.textField: no"}'),
+            "ConfigError",
+            False,
+            True,
+        ),
+        (pod("Failed", code=75), "RendezvousTimeout", False, False),
+        (
+            pod("Failed", code=77, message='{"reason":"CUDAOutOfMemory","message":"the GPU ran out of memory"}'),
+            "CUDAOutOfMemory",
+            False,
+            True,
+        ),
+        (pod("Failed", code=1), "TrainingError", False, False),
+        (
+            pod("Failed", code=74, message='{"reason":"ExportFailed","message":"push to the Hub repo"}'),
+            "ExportFailed",
+            False,
+            True,
+        ),
+        (pod("Failed", code=143), "Terminated", True, False),
+        (pod("Failed", pod_reason="Evicted"), "Evicted", True, False),
+        (
+            pod(
+                "Running",
+                conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+            ),
+            "Preempted",
+            True,
+            False,
+        ),
+        (pod("Running", deleting=True), "PodDeleted", True, False),
+    ],
+    ids=["oom", "config", "rendezvous", "cuda-oom", "crash", "export", "sigterm", "evicted", "preempted", "deleted"],
+)
 def test_classify(p, reason, disruption, permanent) -> None:  # type: ignore[no-untyped-def]
     f = classify_pod(p)
     assert f is not None and (f.reason, f.disruption, f.permanent) == (reason, disruption, permanent)
@@ -212,13 +311,23 @@ def test_healthy_pods_have_no_failure_and_waiting_is_explained() -> None:
     assert classify_pod(pod("Running")) is None and classify_pod(pod("Succeeded", code=0)) is None
     w = waiting_problem(pod("Pending", waiting="ImagePullBackOff"))
     assert w is not None and w.fatal
-    unsched = pod("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                          "message": "0/3 nodes have nvidia.com/gpu"}])
+    unsched = pod(
+        "Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes have nvidia.com/gpu",
+            }
+        ],
+    )
     w = waiting_problem(unsched)
     assert w is not None and not w.fatal and "nvidia.com/gpu" in w.message
 
 
 # -- decisions --------------------------------------------------------------------------------------------
+
 
 def test_first_pass_creates_the_gang_and_a_quiet_pass_writes_nothing() -> None:
     plan = decided(job(nodes=2), [])
@@ -246,11 +355,13 @@ def test_a_failure_restart_stops_survivors_with_a_short_grace_a_disruption_with_
     disruption the ranks save on SIGTERM: the pods' own grace period."""
     failed = decided(job(dict(STARTED), nodes=2), [running(0), running(1, phase="Failed", code=1)])
     assert {d.name: d.grace_seconds for d in failed.delete} == {"ft-node-0": 15, "ft-node-1": 15}
-    short_spec = decided(job(dict(STARTED), nodes=2, terminationGracePeriodSeconds=5),
-                         [running(0), running(1, phase="Failed", code=1)])
+    short_spec = decided(
+        job(dict(STARTED), nodes=2, terminationGracePeriodSeconds=5), [running(0), running(1, phase="Failed", code=1)]
+    )
     assert {d.grace_seconds for d in short_spec.delete} == {5}  # never longer than the job's own
-    zero = decided(job(dict(STARTED), nodes=2, terminationGracePeriodSeconds=0),
-                   [running(0), running(1, phase="Failed", code=1)])
+    zero = decided(
+        job(dict(STARTED), nodes=2, terminationGracePeriodSeconds=0), [running(0), running(1, phase="Failed", code=1)]
+    )
     assert {d.grace_seconds for d in zero.delete} == {1}  # 0 would remove the pods before their processes stop
     evicted = decided(job(dict(STARTED), nodes=2), [running(0, pod_reason="Evicted", phase="Failed"), running(1)])
     assert evicted.status.disruptions == 1
@@ -314,21 +425,71 @@ def test_a_pod_stuck_terminating_on_a_lost_node_is_force_deleted_with_an_event()
     assert "the node is gone" in plan.events[0].message and "node gone" in plan.events[0].message
 
 
-@pytest.mark.parametrize(("node", "mode", "lost"), [
-    (None, "not-ready", True),
-    ({"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]}}, "out-of-service",
-     True),
-    ({"status": {"conditions": [{"type": "Ready", "status": "Unknown",
-                                 "lastTransitionTime": ts(NOW - timedelta(seconds=60))}]}}, "not-ready", True),
-    ({"status": {"conditions": [{"type": "Ready", "status": "Unknown",
-                                 "lastTransitionTime": ts(NOW - timedelta(seconds=10))}]}}, "not-ready", False),
-    ({"status": {"conditions": [{"type": "Ready", "status": "False",
-                                 "lastTransitionTime": ts(NOW - timedelta(seconds=60))}]}}, "out-of-service", False),
-    ({"status": {"conditions": [{"type": "Ready", "status": "True",
-                                 "lastTransitionTime": ts(NOW - timedelta(seconds=600))}]}}, "not-ready", False),
-    (None, "never", False),
-], ids=["deleted", "out-of-service", "unknown-long-enough", "unknown-briefly", "not-ready-but-strict", "ready",
-        "never"])
+@pytest.mark.parametrize(
+    ("node", "mode", "lost"),
+    [
+        (None, "not-ready", True),
+        (
+            {"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]}},
+            "out-of-service",
+            True,
+        ),
+        (
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "Unknown", "lastTransitionTime": ts(NOW - timedelta(seconds=60))}
+                    ]
+                }
+            },
+            "not-ready",
+            True,
+        ),
+        (
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "Unknown", "lastTransitionTime": ts(NOW - timedelta(seconds=10))}
+                    ]
+                }
+            },
+            "not-ready",
+            False,
+        ),
+        (
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "False", "lastTransitionTime": ts(NOW - timedelta(seconds=60))}
+                    ]
+                }
+            },
+            "out-of-service",
+            False,
+        ),
+        (
+            {
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": ts(NOW - timedelta(seconds=600))}
+                    ]
+                }
+            },
+            "not-ready",
+            False,
+        ),
+        (None, "never", False),
+    ],
+    ids=[
+        "deleted",
+        "out-of-service",
+        "unknown-long-enough",
+        "unknown-briefly",
+        "not-ready-but-strict",
+        "ready",
+        "never",
+    ],
+)
 def test_node_lost(node, mode, lost) -> None:  # type: ignore[no-untyped-def]
     from finetune_operator.state import node_lost
 
@@ -337,19 +498,31 @@ def test_node_lost(node, mode, lost) -> None:  # type: ignore[no-untyped-def]
 
 def test_layering_builders_and_decisions_do_no_io() -> None:
     """The pure layers (docs/design.md, Layers) never import the API client or kopf."""
-    pure = ["builders", "reconcile", "spec", "failures", "settings", "admission", "guardrails", "render", "status",
-            "state", "progress", "kueue"]
+    pure = [
+        "builders",
+        "reconcile",
+        "spec",
+        "failures",
+        "settings",
+        "admission",
+        "guardrails",
+        "render",
+        "status",
+        "state",
+        "progress",
+        "kueue",
+    ]
     for mod in pure:
         tree = ast.parse((ROOT / "operator" / "finetune_operator" / f"{mod}.py").read_text())
         imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {m for m in imported if m.split(".")[0] in ("kubernetes", "kopf")}, mod
-    handlers = [p.name for p in (ROOT / "operator" / "finetune_operator").glob("*.py")
-                if "kopf.on." in p.read_text()]
+    handlers = [p.name for p in (ROOT / "operator" / "finetune_operator").glob("*.py") if "kopf.on." in p.read_text()]
     assert handlers == ["handlers.py"]
 
 
 # -- progress ---------------------------------------------------------------------------------------------
+
 
 def test_progress_from_the_trainers_real_metrics_page() -> None:
     from finetune_operator.progress import parse_metrics
@@ -367,15 +540,26 @@ def test_progress_from_the_trainers_real_metrics_page() -> None:
     m.checkpoint_last_step.set(100)
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)
     assert p is not None and p.to_wire() == {  # mfu is NaN on CPU: left out
-        "step": 120, "totalSteps": 300, "stepOfTotal": "120/300", "epoch": 0.4, "loss": 0.6931,
-        "samplesPerSecond": 100.1, "tokensPerSecond": 12800.0, "etaSeconds": 3725, "eta": "1h2m",
-        "lastCheckpointStep": 100}
+        "step": 120,
+        "totalSteps": 300,
+        "stepOfTotal": "120/300",
+        "epoch": 0.4,
+        "loss": 0.6931,
+        "samplesPerSecond": 100.1,
+        "tokensPerSecond": 12800.0,
+        "etaSeconds": 3725,
+        "eta": "1h2m",
+        "lastCheckpointStep": 100,
+    }
 
 
 def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
     st = dict(STARTED, progress={"step": 130, "lastCheckpointStep": 100, "samplesPerSecond": 64.0})
-    spec = {"nodes": 2, "resources": {"limits": {"nvidia.com/gpu": 4}},
-            "training": {"maxSteps": 500, "perDeviceBatchSize": 8}}
+    spec = {
+        "nodes": 2,
+        "resources": {"limits": {"nvidia.com/gpu": 4}},
+        "training": {"maxSteps": 500, "perDeviceBatchSize": 8},
+    }
     plan = decided(job(st, **spec), [running(0), running(1, phase="Failed", code=1)])
     assert plan.status.progress.steps_lost_to_restarts == 30
     assert plan.status.gpu_seconds_used == 60 * 4 * 2  # one minute on 2 nodes x 4 GPUs
@@ -394,8 +578,10 @@ def test_slow_rates_keep_their_digits() -> None:
     GPU-seconds of its restarts would no longer be counted."""
     from finetune_operator.progress import parse_metrics
 
-    page = ("finetune_train_total_steps 10\nfinetune_train_step 1\nfinetune_train_samples_per_second 0.0151234\n"
-            "finetune_train_tokens_per_second 1234.5678\n")
+    page = (
+        "finetune_train_total_steps 10\nfinetune_train_step 1\nfinetune_train_samples_per_second 0.0151234\n"
+        "finetune_train_tokens_per_second 1234.5678\n"
+    )
     p = parse_metrics(page, nodes=2)
     assert p is not None and (p.samples_per_second, p.tokens_per_second) == (0.0302, 2469.1)
 
@@ -403,8 +589,17 @@ def test_slow_rates_keep_their_digits() -> None:
 def test_a_succeeded_job_shows_its_last_step_not_the_last_scrape() -> None:
     """Rank 0's last scrape saw step 112 of 150; then every rank exited 0. The status (and the Step column) says
     150/150 with no time left, not 112/150."""
-    st = dict(STARTED, progress={"step": 112, "totalSteps": 150, "stepOfTotal": "112/150", "etaSeconds": 9,
-                                 "eta": "9s", "samplesPerSecond": 2702.2})
+    st = dict(
+        STARTED,
+        progress={
+            "step": 112,
+            "totalSteps": 150,
+            "stepOfTotal": "112/150",
+            "etaSeconds": 9,
+            "eta": "9s",
+            "samplesPerSecond": 2702.2,
+        },
+    )
     plan = decided(job(st, nodes=2), [running(r, phase="Succeeded", code=0) for r in (0, 1)])
     assert plan.status.state == "Succeeded"
     p = plan.status.progress
@@ -426,12 +621,14 @@ def test_progress_is_merged_only_while_running_and_idle_scrapes_write_nothing() 
     scraped = Progress(step=5, total_steps=10, step_of_total="5/10")
     first = decided(job(st, nodes=2), [running(0), running(1)], progress=scraped)
     assert first.status.progress.update_time == NOW
-    again = decided(job(first.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(seconds=15),
-                    progress=scraped)
+    again = decided(
+        job(first.status, nodes=2), [running(0), running(1)], now=NOW + timedelta(seconds=15), progress=scraped
+    )
     assert again.status == first.status
 
 
 # -- review fixes ------------------------------------------------------------------------------------------
+
 
 def test_pods_of_a_deleted_namesake_are_not_ours() -> None:
     """delete + re-apply under the same name: the old job's finished pods must not make the new one Succeed."""
@@ -470,8 +667,9 @@ def test_a_rank_that_finished_first_keeps_the_job_running() -> None:
 
 
 def test_resume_restarts_the_deadline_clock() -> None:
-    suspended = dict(STARTED, state="Suspended", attemptStartTime=None, attempt=1,
-                     startTime=ts(NOW - timedelta(hours=5)))
+    suspended = dict(
+        STARTED, state="Suspended", attemptStartTime=None, attempt=1, startTime=ts(NOW - timedelta(hours=5))
+    )
     del suspended["attemptStartTime"]
     plan = decided(job(suspended, activeDeadlineSeconds=3600), [])
     assert plan.status.state == "Created" and plan.status.start_time == NOW
@@ -492,10 +690,15 @@ def test_network_policy_admits_the_gang_and_the_metrics_scrape_only() -> None:
     assert build_network_policy(ref, spec, Settings(network_policy=False)) is None
     # egress anywhere but the instance metadata (the node's IAM role), pods matched by selector for CNIs that need it
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
-    assert policy["spec"]["egress"] == [{"to": [
-        {"namespaceSelector": {}},
-        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}},
-        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}}]}]
+    assert policy["spec"]["egress"] == [
+        {
+            "to": [
+                {"namespaceSelector": {}},
+                {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}},
+                {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}},
+            ]
+        }
+    ]
     opted = parse_spec(base_spec(output={"claimName": "o", "s3": {"uri": "s3://b/p", "allowInstanceMetadata": True}}))
     open_egress = build_network_policy(ref, opted, Settings())
     assert open_egress is not None and open_egress["spec"]["policyTypes"] == ["Ingress"]
@@ -509,34 +712,52 @@ def test_kueue_group_label_fits_63_characters() -> None:
     assert len(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]) <= 63
 
 
-@pytest.mark.parametrize(("peers", "active"), [
-    ({"me": (7, 0)}, True),
-    ({"me": (7, 0), "other": (3, 0)}, True),
-    ({"me": (7, 0), "other": (9, 0)}, False),
-    ({"me": (7, 0), "other": (9, 600)}, True),  # the higher one is dead (last seen 10 min ago)
-    ({"me": (7, 0), "twin": (7, 0)}, False),  # equal priorities freeze every replica in kopf
-    ({}, False),  # not yet registered
-], ids=["alone", "highest", "standby", "higher-dead", "equal", "unregistered"])
+@pytest.mark.parametrize(
+    ("peers", "active"),
+    [
+        ({"me": (7, 0)}, True),
+        ({"me": (7, 0), "other": (3, 0)}, True),
+        ({"me": (7, 0), "other": (9, 0)}, False),
+        ({"me": (7, 0), "other": (9, 600)}, True),  # the higher one is dead (last seen 10 min ago)
+        ({"me": (7, 0), "twin": (7, 0)}, False),  # equal priorities freeze every replica in kopf
+        ({}, False),  # not yet registered
+    ],
+    ids=["alone", "highest", "standby", "higher-dead", "equal", "unregistered"],
+)
 def test_peering_gate(peers, active) -> None:  # type: ignore[no-untyped-def]
     from finetune_operator.peering import peering_active
 
-    status = {k: {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
-              for k, (p, age) in peers.items()}
+    status = {
+        k: {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
+        for k, (p, age) in peers.items()
+    }
     assert peering_active(status, own_priority=7, now=NOW) is active
 
 
 def _peering(*peers: tuple[int, int]) -> dict[str, Any]:
-    return {"status": {f"p{i}": {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
-                       for i, (p, age) in enumerate(peers)}}
+    return {
+        "status": {
+            f"p{i}": {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=age)).isoformat()}
+            for i, (p, age) in enumerate(peers)
+        }
+    }
 
 
-@pytest.mark.parametrize(("objects", "active", "missing"), [
-    ({"a": _peering((7, 0)), "b": _peering((7, 0), (3, 0))}, True, []),
-    ({"a": None, "b": _peering((7, 0))}, True, ["a"]),  # the first namespace's object deleted: the others decide
-    ({"a": _peering((7, 0)), "b": _peering((7, 0), (9, 0))}, False, []),  # a higher peer anywhere pauses, as kopf
-    ({"a": None, "b": None}, True, ["a", "b"]),  # nothing to coordinate through: kopf runs, and so does the backstop
-    ({None: _peering((7, 0), (9, 0))}, False, []),  # cluster-wide
-], ids=["all-agree", "one-missing", "higher-in-one", "all-missing", "cluster-standby"])
+@pytest.mark.parametrize(
+    ("objects", "active", "missing"),
+    [
+        ({"a": _peering((7, 0)), "b": _peering((7, 0), (3, 0))}, True, []),
+        ({"a": None, "b": _peering((7, 0))}, True, ["a"]),  # the first namespace's object deleted: the others decide
+        ({"a": _peering((7, 0)), "b": _peering((7, 0), (9, 0))}, False, []),  # a higher peer anywhere pauses, as kopf
+        (
+            {"a": None, "b": None},
+            True,
+            ["a", "b"],
+        ),  # nothing to coordinate through: kopf runs, and so does the backstop
+        ({None: _peering((7, 0), (9, 0))}, False, []),  # cluster-wide
+    ],
+    ids=["all-agree", "one-missing", "higher-in-one", "all-missing", "cluster-standby"],
+)
 def test_backstop_follows_kopf_over_every_namespace(objects, active, missing) -> None:  # type: ignore[no-untyped-def]
     """Namespaced mode: the backstop runs exactly where kopf's handlers run. A missing peering object is reported,
     and never turns the backstop off in every namespace."""
@@ -554,8 +775,10 @@ def test_peering_priorities_of_replicas_do_not_tie() -> None:
 
     rng = random.Random(7)
     alphabet = "bcdfghjklmnpqrstvwxz2456789"  # the ReplicaSet/pod-name suffix alphabet
-    names = {f"finetune-operator-{''.join(rng.choices(alphabet, k=10))}-{''.join(rng.choices(alphabet, k=5))}"
-             for _ in range(5000)}
+    names = {
+        f"finetune-operator-{''.join(rng.choices(alphabet, k=10))}-{''.join(rng.choices(alphabet, k=5))}"
+        for _ in range(5000)
+    }
     priorities = {peering_priority(n) for n in names}
     assert len(priorities) == len(names)
     assert all(0 < p < 2**53 for p in priorities)  # exact as a JSON number in the peering object
@@ -564,8 +787,10 @@ def test_peering_priorities_of_replicas_do_not_tie() -> None:
 def test_progress_waits_for_the_training_loop() -> None:
     from finetune_operator.progress import parse_metrics
 
-    page = "# TYPE finetune_train_step gauge\nfinetune_train_step 0\n# TYPE finetune_train_total_steps gauge\n" \
-           "finetune_train_total_steps 0\n"
+    page = (
+        "# TYPE finetune_train_step gauge\nfinetune_train_step 0\n# TYPE finetune_train_total_steps gauge\n"
+        "finetune_train_total_steps 0\n"
+    )
     assert parse_metrics(page, nodes=2) is None
 
 
@@ -574,23 +799,39 @@ def test_api_rejections_become_conditions_not_retry_loops() -> None:
     from finetune_operator.state import read_job
 
     def rejected(wire: dict[str, Any], code: int, message: str) -> Any:
-        return create_rejected(read_job(wire), [], what="Pod ft-node-0", code=code, message=message, now=NOW,
-                               settings=Settings())
+        return create_rejected(
+            read_job(wire), [], what="Pod ft-node-0", code=code, message=message, now=NOW, settings=Settings()
+        )
 
-    quota = rejected(job(dict(STARTED, state="Created")), 403,
-                     'pods "ft-node-0" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8')
+    quota = rejected(
+        job(dict(STARTED, state="Created")),
+        403,
+        'pods "ft-node-0" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8',
+    )
     assert quota.status.state == "Created" and quota.requeue_after == 30.0
     assert [e.reason for e in quota.events] == ["QuotaExceeded"]
-    unknown = rejected(job(dict(STARTED, state="Created")), 403,
-                       'pods "ft-node-0" is forbidden: status unknown for quota: one-pod')
+    unknown = rejected(
+        job(dict(STARTED, state="Created")), 403, 'pods "ft-node-0" is forbidden: status unknown for quota: one-pod'
+    )
     assert unknown.status.state == "Created" and unknown.requeue_after == 30.0
-    bad = rejected(job(dict(STARTED)), 422, "spec.containers[0].resources.requests: Invalid value: \"1x\"")
+    bad = rejected(job(dict(STARTED)), 422, 'spec.containers[0].resources.requests: Invalid value: "1x"')
     assert bad.status.state == "Failed" and bad.status.failure.reason == "InvalidSpec"
     assert "resources.requests" in bad.status.failure.message
 
 
-@pytest.mark.parametrize(("value", "ok"), [("16Gi", True), ("500m", True), (2, True), ("1.5", True), ("1e3", True),
-                                          ("1x", False), ("Gi", False), ("16 Gi", False)])
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("16Gi", True),
+        ("500m", True),
+        (2, True),
+        ("1.5", True),
+        ("1e3", True),
+        ("1x", False),
+        ("Gi", False),
+        ("16 Gi", False),
+    ],
+)
 def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # type: ignore[no-untyped-def]
     spec = base_spec(resources={"limits": {"cpu": value}})
     if ok:
@@ -604,43 +845,121 @@ def test_quantities_are_checked_before_any_pod_exists(value, ok) -> None:  # typ
 PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="registry.corp/ml/trainer:1")
 
 
-@pytest.mark.parametrize(("spec_over", "settings", "reason", "words"), [
-    ({"image": "docker.io/evil/miner:1"}, Settings(allowed_image_prefixes=("registry.corp/ml/",)), "InvalidSpec",
-     ["spec.image", "registry.corp/ml/"]),
-    ({"podTemplate": {"priorityClassName": "system-cluster-critical"}},
-     Settings(allowed_priority_classes=("train-low", "train-high")), "InvalidSpec", ["priorityClassName", "train-low"]),
-    ({"acceleration": "ort"}, Settings(allowed_image_prefixes=("registry.corp/ml/",),
-                                       default_image="registry.corp/ml/trainer:1", ort_image="docker.io/x/ort:1"),
-     "InvalidSpec", ["trainer image docker.io/x/ort:1", "trainer.ortImage", "registry.corp/ml/"]),
-    ({"nodes": 64}, Settings(max_nodes_per_job=16), "QuotaExceeded", ["spec.nodes=64", "16 nodes per job"]),
-    ({"nodes": 64, "resources": {"limits": {"nvidia.com/gpu": 8}}}, Settings(max_gpus_per_job=256),
-     "QuotaExceeded", ["512 GPUs", "256 per job"]),
-    ({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, Settings(), "InvalidSpec",
-     ["spec.env[0].name", "NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu"]),
-    ({"env": [{"name": "PYTHONPATH", "value": "/data/evil"}]}, PINNED, "InvalidSpec",
-     ["spec.env[0].name", "PYTHONPATH", "guardrails.allowedImagePrefixes"]),
-    ({"podTemplate": {"volumes": [{"name": "x", "mountPath": "/opt/venv/lib", "emptyDir": {}}]}}, PINNED,
-     "InvalidSpec", ["spec.podTemplate.volumes[0].mountPath", "/opt/venv/lib", "guardrails.allowedImagePrefixes"]),
-    ({"image": "registry.corp/ml-evil/miner:1"}, Settings(allowed_image_prefixes=("registry.corp/ml",)),
-     "InvalidSpec", ["spec.image", "registry.corp/ml-evil/miner:1"]),
-    ({"model": {"name": "org/m", "trustRemoteCode": True}}, Settings(allow_trust_remote_code=False), "InvalidSpec",
-     ["spec.model.trustRemoteCode", "guardrails.allowTrustRemoteCode"]),
-    ({"podTemplate": {"labels": {"kueue.x-k8s.io/priority-class": "urgent"}}},
-     Settings(allowed_priority_classes=("train-low",)), "InvalidSpec",
-     ["kueue.x-k8s.io/priority-class", "urgent", "train-low"]),
-    ({"podTemplate": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}}, Settings(), "InvalidSpec",
-     ["kueue.x-k8s.io/queue-name", "spec.queueName"]),
-    ({"output": {"claimName": "o", "path": "ns/other-job/ckpt"}}, Settings(), "InvalidSpec",
-     ["spec.output.path", "ns/other-job", "each job"]),
-    ({"output": {"claimName": "o", "path": "ns"}}, Settings(), "InvalidSpec", ["spec.output.path", "'ns'"]),
-    ({"output": {"claimName": "o", "path": "runs/../ns/other"}}, Settings(), "InvalidSpec",
-     ["spec.output.path", ".."]),
-    ({}, Settings(require_queue_name=True), "InvalidSpec", ["spec.queueName", "guardrails.requireQueueName"]),
-    ({"podTemplate": {"serviceAccountName": "admin"}}, Settings(allowed_service_accounts=("trainer",)),
-     "InvalidSpec", ["spec.podTemplate.serviceAccountName", "admin", "trainer", "guardrails.allowedServiceAccounts"]),
-], ids=["image", "priority-class", "ort-image", "nodes", "gpus", "gpu-visibility-env", "code-loading-env",
-        "mount-over-image", "image-prefix-boundary", "trust-remote-code", "kueue-priority", "kueue-labels",
-        "other-jobs-output", "namespace-dir-output", "dot-dot-output", "queue-required", "service-account"])
+@pytest.mark.parametrize(
+    ("spec_over", "settings", "reason", "words"),
+    [
+        (
+            {"image": "docker.io/evil/miner:1"},
+            Settings(allowed_image_prefixes=("registry.corp/ml/",)),
+            "InvalidSpec",
+            ["spec.image", "registry.corp/ml/"],
+        ),
+        (
+            {"podTemplate": {"priorityClassName": "system-cluster-critical"}},
+            Settings(allowed_priority_classes=("train-low", "train-high")),
+            "InvalidSpec",
+            ["priorityClassName", "train-low"],
+        ),
+        (
+            {"acceleration": "ort"},
+            Settings(
+                allowed_image_prefixes=("registry.corp/ml/",),
+                default_image="registry.corp/ml/trainer:1",
+                ort_image="docker.io/x/ort:1",
+            ),
+            "InvalidSpec",
+            ["trainer image docker.io/x/ort:1", "trainer.ortImage", "registry.corp/ml/"],
+        ),
+        ({"nodes": 64}, Settings(max_nodes_per_job=16), "QuotaExceeded", ["spec.nodes=64", "16 nodes per job"]),
+        (
+            {"nodes": 64, "resources": {"limits": {"nvidia.com/gpu": 8}}},
+            Settings(max_gpus_per_job=256),
+            "QuotaExceeded",
+            ["512 GPUs", "256 per job"],
+        ),
+        (
+            {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+            Settings(),
+            "InvalidSpec",
+            ["spec.env[0].name", "NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu"],
+        ),
+        (
+            {"env": [{"name": "PYTHONPATH", "value": "/data/evil"}]},
+            PINNED,
+            "InvalidSpec",
+            ["spec.env[0].name", "PYTHONPATH", "guardrails.allowedImagePrefixes"],
+        ),
+        (
+            {"podTemplate": {"volumes": [{"name": "x", "mountPath": "/opt/venv/lib", "emptyDir": {}}]}},
+            PINNED,
+            "InvalidSpec",
+            ["spec.podTemplate.volumes[0].mountPath", "/opt/venv/lib", "guardrails.allowedImagePrefixes"],
+        ),
+        (
+            {"image": "registry.corp/ml-evil/miner:1"},
+            Settings(allowed_image_prefixes=("registry.corp/ml",)),
+            "InvalidSpec",
+            ["spec.image", "registry.corp/ml-evil/miner:1"],
+        ),
+        (
+            {"model": {"name": "org/m", "trustRemoteCode": True}},
+            Settings(allow_trust_remote_code=False),
+            "InvalidSpec",
+            ["spec.model.trustRemoteCode", "guardrails.allowTrustRemoteCode"],
+        ),
+        (
+            {"podTemplate": {"labels": {"kueue.x-k8s.io/priority-class": "urgent"}}},
+            Settings(allowed_priority_classes=("train-low",)),
+            "InvalidSpec",
+            ["kueue.x-k8s.io/priority-class", "urgent", "train-low"],
+        ),
+        (
+            {"podTemplate": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}},
+            Settings(),
+            "InvalidSpec",
+            ["kueue.x-k8s.io/queue-name", "spec.queueName"],
+        ),
+        (
+            {"output": {"claimName": "o", "path": "ns/other-job/ckpt"}},
+            Settings(),
+            "InvalidSpec",
+            ["spec.output.path", "ns/other-job", "each job"],
+        ),
+        ({"output": {"claimName": "o", "path": "ns"}}, Settings(), "InvalidSpec", ["spec.output.path", "'ns'"]),
+        (
+            {"output": {"claimName": "o", "path": "runs/../ns/other"}},
+            Settings(),
+            "InvalidSpec",
+            ["spec.output.path", ".."],
+        ),
+        ({}, Settings(require_queue_name=True), "InvalidSpec", ["spec.queueName", "guardrails.requireQueueName"]),
+        (
+            {"podTemplate": {"serviceAccountName": "admin"}},
+            Settings(allowed_service_accounts=("trainer",)),
+            "InvalidSpec",
+            ["spec.podTemplate.serviceAccountName", "admin", "trainer", "guardrails.allowedServiceAccounts"],
+        ),
+    ],
+    ids=[
+        "image",
+        "priority-class",
+        "ort-image",
+        "nodes",
+        "gpus",
+        "gpu-visibility-env",
+        "code-loading-env",
+        "mount-over-image",
+        "image-prefix-boundary",
+        "trust-remote-code",
+        "kueue-priority",
+        "kueue-labels",
+        "other-jobs-output",
+        "namespace-dir-output",
+        "dot-dot-output",
+        "queue-required",
+        "service-account",
+    ],
+)
 def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
     plan = decided(job(**spec_over), [], settings=settings)
     assert plan.status.state == "Failed" and plan.create == []
@@ -657,8 +976,11 @@ def test_a_guardrail_applies_to_the_next_attempt_not_the_running_one() -> None:
     running_job = job(dict(STARTED), nodes=2)  # spec.image unset: the default image, now outside the list
     plan = decided(running_job, [running(0), running(1)], settings=strict)
     assert plan.status.state == "Running" and plan.delete == []
-    restart = decided(job(dict(STARTED), nodes=2, image="docker.io/x/y:1"), [running(0), running(1, phase="Failed",
-                      code=1)], settings=strict)
+    restart = decided(
+        job(dict(STARTED), nodes=2, image="docker.io/x/y:1"),
+        [running(0), running(1, phase="Failed", code=1)],
+        settings=strict,
+    )
     assert restart.status.state == "Restarting"
     refused = decided(job(restart.status, nodes=2, image="docker.io/x/y:1"), [], settings=strict)
     assert refused.status.state == "Failed" and refused.status.failure is not None
@@ -666,8 +988,12 @@ def test_a_guardrail_applies_to_the_next_attempt_not_the_running_one() -> None:
 
 
 def test_guardrails_allow_what_is_allowed() -> None:
-    s = Settings(allowed_image_prefixes=("registry.corp/ml/",), max_nodes_per_job=4, max_gpus_per_job=32,
-                 default_image="registry.corp/ml/trainer:1")
+    s = Settings(
+        allowed_image_prefixes=("registry.corp/ml/",),
+        max_nodes_per_job=4,
+        max_gpus_per_job=32,
+        default_image="registry.corp/ml/trainer:1",
+    )
     plan = decided(job(nodes=4, resources={"limits": {"nvidia.com/gpu": 8}}), [], settings=s)
     assert plan.status.state == "Created"
     # a prefix without its trailing slash is still a repository path; the code-loading env and mounts over the
@@ -677,8 +1003,10 @@ def test_guardrails_allow_what_is_allowed() -> None:
         ({"image": "registry.corp/ml:2"}, Settings(allowed_image_prefixes=("registry.corp/ml",))),
         ({"env": [{"name": "PYTHONPATH", "value": "/data/lib"}]}, Settings()),
         ({"podTemplate": {"volumes": [{"name": "d", "mountPath": "/data", "emptyDir": {}}]}}, PINNED),
-        ({"podTemplate": {"labels": {"kueue.x-k8s.io/priority-class": "train-low"}}},
-         Settings(allowed_priority_classes=("train-low",))),
+        (
+            {"podTemplate": {"labels": {"kueue.x-k8s.io/priority-class": "train-low"}}},
+            Settings(allowed_priority_classes=("train-low",)),
+        ),
         ({"output": {"claimName": "o", "path": "ns/ft/run-2"}}, Settings()),
         ({"output": {"claimName": "o", "path": "experiments/ft"}}, Settings()),
         ({"image": "ghcr.io/org/trainer-cpu:1"}, Settings(allowed_image_prefixes=("ghcr.io/org/trainer-",))),
@@ -692,14 +1020,18 @@ def test_guardrails_allow_what_is_allowed() -> None:
         assert decided(job(**over), [], settings=settings).status.state == "Created", over
 
 
-@pytest.mark.parametrize(("over", "image"), [
-    ({"acceleration": "ort"}, "reg/trainer-ort:2"),
-    ({"acceleration": "none"}, "reg/trainer:2"),
-    ({"acceleration": "compile"}, "reg/trainer:2"),
-    ({"acceleration": "auto"}, "reg/trainer:2"),
-    ({"acceleration": "ort", "image": "mine/ort:7"}, "mine/ort:7"),
-    ({"acceleration": "none", "image": "mine/plain:7"}, "mine/plain:7"),
-], ids=["ort", "none", "compile", "auto", "ort-own-image", "none-own-image"])
+@pytest.mark.parametrize(
+    ("over", "image"),
+    [
+        ({"acceleration": "ort"}, "reg/trainer-ort:2"),
+        ({"acceleration": "none"}, "reg/trainer:2"),
+        ({"acceleration": "compile"}, "reg/trainer:2"),
+        ({"acceleration": "auto"}, "reg/trainer:2"),
+        ({"acceleration": "ort", "image": "mine/ort:7"}, "mine/ort:7"),
+        ({"acceleration": "none", "image": "mine/plain:7"}, "mine/plain:7"),
+    ],
+    ids=["ort", "none", "compile", "auto", "ort-own-image", "none-own-image"],
+)
 def test_acceleration_picks_the_trainer_image(over: dict[str, Any], image: str) -> None:
     s = Settings(default_image="reg/trainer:2", ort_image="reg/trainer-ort:2")
     pod = build_pod(REF, parse_spec(base_spec(**over)), rank=0, attempt=0, settings=s)
@@ -708,15 +1040,23 @@ def test_acceleration_picks_the_trainer_image(over: dict[str, Any], image: str) 
 
 def test_gpu_jobs_get_nccl_async_errors_and_a_ddp_timeout_inside_the_deadline() -> None:
     spec = parse_spec(base_spec(nodes=2, resources={"limits": {"nvidia.com/gpu": 8}}, activeDeadlineSeconds=3600))
-    env = {e["name"]: e.get("value") for e in build_pod(REF, spec, rank=0, attempt=0, settings=Settings())
-           ["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value")
+        for e in build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
+    }
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert trainer_config(REF, spec)["training"]["extraArgs"]["ddp_timeout"] == 900
-    mine = parse_spec(base_spec(activeDeadlineSeconds=3600, training={"maxSteps": 5, "extraArgs": {"ddp_timeout": 42}},
-                                env=[{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "0"}]))
+    mine = parse_spec(
+        base_spec(
+            activeDeadlineSeconds=3600,
+            training={"maxSteps": 5, "extraArgs": {"ddp_timeout": 42}},
+            env=[{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "0"}],
+        )
+    )
     assert trainer_config(REF, mine)["training"]["extraArgs"]["ddp_timeout"] == 42
-    cpu_env = [e["name"] for e in build_pod(REF, mine, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]
-               ["env"]]
+    cpu_env = [
+        e["name"] for e in build_pod(REF, mine, rank=0, attempt=0, settings=Settings())["spec"]["containers"][0]["env"]
+    ]
     assert cpu_env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 1  # the user's, not a second one
 
 
@@ -750,14 +1090,34 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
 
     schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     sample = {int: 7, float: 1.5, str: "x"}
-    progress = Progress(**{f.name: NOW if f.name == "update_time" else sample[
-        {"int | None": int, "float | None": float, "str | None": str}[str(f.type)]] for f in fields(Progress)})
-    full = Status(state="Running", observed_generation=3, ready_nodes=2, wanted_nodes=4, attempt=1, restarts=1,
-                  disruptions=2, start_time=NOW, attempt_start_time=NOW, restart_requested_time=NOW,
-                  completion_time=NOW, admission_retry_time=NOW, last_restart_gap_seconds=2.5, gpu_seconds_used=10.0,
-                  gpu_seconds_lost=1.0, progress=progress,
-                  failure=Failure("TrainingError", "exit code 1", rank=1, attempt=0, exit_code=1, pod_name="ft-node-1"),
-                  conditions=[Condition("Running", True, "AllRanksRunning", "ok", NOW, 3)])
+    progress = Progress(
+        **{
+            f.name: NOW
+            if f.name == "update_time"
+            else sample[{"int | None": int, "float | None": float, "str | None": str}[str(f.type)]]
+            for f in fields(Progress)
+        }
+    )
+    full = Status(
+        state="Running",
+        observed_generation=3,
+        ready_nodes=2,
+        wanted_nodes=4,
+        attempt=1,
+        restarts=1,
+        disruptions=2,
+        start_time=NOW,
+        attempt_start_time=NOW,
+        restart_requested_time=NOW,
+        completion_time=NOW,
+        admission_retry_time=NOW,
+        last_restart_gap_seconds=2.5,
+        gpu_seconds_used=10.0,
+        gpu_seconds_lost=1.0,
+        progress=progress,
+        failure=Failure("TrainingError", "exit code 1", rank=1, attempt=0, exit_code=1, pod_name="ft-node-1"),
+        conditions=[Condition("Running", True, "AllRanksRunning", "ok", NOW, 3)],
+    )
     wire = full.to_wire()
     assert set(wire) == set(schema)
     assert set(wire["progress"]) == set(schema["progress"]["properties"])

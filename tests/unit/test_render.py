@@ -25,11 +25,28 @@ def text(renderable: Any) -> str:
 
 
 def failed_job() -> dict[str, Any]:
-    status = {**STARTED, "state": "Failed", "restarts": 2, "attempt": 2,
-              "failure": {"reason": "CUDAOutOfMemory", "message": "CUDA out of memory: lower perDeviceBatchSize",
-                          "rank": 1, "attempt": 2, "podName": "ft-node-1"},
-              "conditions": [{"type": "Failed", "status": "True", "reason": "CUDAOutOfMemory", "message": "x",
-                              "lastTransitionTime": ts(NOW - timedelta(seconds=30))}]}
+    status = {
+        **STARTED,
+        "state": "Failed",
+        "restarts": 2,
+        "attempt": 2,
+        "failure": {
+            "reason": "CUDAOutOfMemory",
+            "message": "CUDA out of memory: lower perDeviceBatchSize",
+            "rank": 1,
+            "attempt": 2,
+            "podName": "ft-node-1",
+        },
+        "conditions": [
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "CUDAOutOfMemory",
+                "message": "x",
+                "lastTransitionTime": ts(NOW - timedelta(seconds=30)),
+            }
+        ],
+    }
     out = job(status, maxRestarts=2)
     out["metadata"]["creationTimestamp"] = ts(NOW - timedelta(minutes=5))
     return out
@@ -37,9 +54,13 @@ def failed_job() -> dict[str, Any]:
 
 def test_the_reason_is_the_failures_for_a_failed_job_else_the_condition_that_explains_the_state() -> None:
     assert render.reason(failed_job()["status"])[0] == "CUDAOutOfMemory"
-    running = {"state": "Running", "conditions": [
-        {"type": "Restarting", "status": "False", "reason": "AllRanksRunning", "message": ""},
-        {"type": "Running", "status": "True", "reason": "AllRanksRunning", "message": "attempt 0: 2/2 running"}]}
+    running = {
+        "state": "Running",
+        "conditions": [
+            {"type": "Restarting", "status": "False", "reason": "AllRanksRunning", "message": ""},
+            {"type": "Running", "status": "True", "reason": "AllRanksRunning", "message": "attempt 0: 2/2 running"},
+        ],
+    }
     assert render.reason(running) == ("AllRanksRunning", "attempt 0: 2/2 running")
     assert render.reason({}) == ("", "")
 
@@ -54,11 +75,31 @@ def test_status_block_names_state_failure_attempts_and_where_the_failed_ranks_lo
 
 
 def test_progress_line_and_list_table_read_well() -> None:
-    prog = {"step": 150, "totalSteps": 150, "samplesPerSecond": 2702.2, "loss": 0.123456, "eta": "0s",
-            "stepOfTotal": "150/150"}
+    prog = {
+        "step": 150,
+        "totalSteps": 150,
+        "samplesPerSecond": 2702.2,
+        "loss": 0.123456,
+        "eta": "0s",
+        "stepOfTotal": "150/150",
+    }
     assert render.progress_line(prog) == "step 150/150 (100%), 2702.2 samples/s, loss 0.1235, ETA 0s"
-    done = job({**STARTED, "state": "Succeeded", "progress": prog, "nodes": "0/2", "conditions": [
-        {"type": "Succeeded", "status": "True", "reason": "AllRanksSucceeded", "message": "all 2 rank(s) exited 0"}]})
+    done = job(
+        {
+            **STARTED,
+            "state": "Succeeded",
+            "progress": prog,
+            "nodes": "0/2",
+            "conditions": [
+                {
+                    "type": "Succeeded",
+                    "status": "True",
+                    "reason": "AllRanksSucceeded",
+                    "message": "all 2 rank(s) exited 0",
+                }
+            ],
+        }
+    )
     done["metadata"]["creationTimestamp"] = ts(NOW - timedelta(hours=3, minutes=4))
     table = text(render.jobs_table([done, failed_job()], all_namespaces=True, now=NOW))
     header, *rows = [line.split() for line in table.strip().splitlines()]
@@ -68,14 +109,21 @@ def test_progress_line_and_list_table_read_well() -> None:
 
 
 def ctx(namespace: str | None = None) -> jobctl.Context:
-    return jobctl.Context(api=None, namespace=namespace or "default", explicit_namespace=namespace is not None,
-                          out=Console(), err=Console(stderr=True))
+    return jobctl.Context(
+        api=None,
+        namespace=namespace or "default",
+        explicit_namespace=namespace is not None,
+        out=Console(),
+        err=Console(stderr=True),
+    )
 
 
 def test_a_manifest_must_hold_one_finetunejob_and_agree_with_the_namespace_flag(tmp_path: Path) -> None:
     two = tmp_path / "two.yaml"
-    two.write_text("apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a}\n---\n"
-                   "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: b}\n")
+    two.write_text(
+        "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a}\n---\n"
+        "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: b}\n"
+    )
     with pytest.raises(jobctl.UserError, match="holds 2 FineTuneJob"):
         jobctl.load_manifest(str(two), ctx())
     one = tmp_path / "one.yaml"
@@ -99,8 +147,10 @@ def test_the_typed_spec_names_the_field_of_each_error() -> None:
 
 def test_validate_offline_needs_no_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a}\n"
-                   "spec: {model: {path: /m}, dataset: {path: /d}, output: {claimName: o, path: /abs}}\n")
+    bad.write_text(
+        "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a}\n"
+        "spec: {model: {path: /m}, dataset: {path: /d}, output: {claimName: o, path: /abs}}\n"
+    )
     args = argparse.Namespace(command="validate", file=str(bad), offline=True, namespace=None)
     assert jobctl.run(args) == jobctl.EXIT_USAGE
     assert "spec.output.path" in capsys.readouterr().err
@@ -112,15 +162,23 @@ def test_the_command_line_parser_does_not_import_the_kubernetes_client() -> None
     import subprocess
     import sys
 
-    code = ("import sys\nfrom finetune_operator import cli\ntry:\n    cli.main(['status', '--help'])\n"
-            "except SystemExit:\n    pass\nprint('kubernetes' in sys.modules)")
+    code = (
+        "import sys\nfrom finetune_operator import cli\ntry:\n    cli.main(['status', '--help'])\n"
+        "except SystemExit:\n    pass\nprint('kubernetes' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"
 
 
 def test_an_earlier_attempts_log_is_found_on_the_output_claim() -> None:
-    restarted = job({**STARTED, "attempt": 2}, output={"volumeClaimTemplate": {"spec": {
-        "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}})
+    restarted = job(
+        {**STARTED, "attempt": 2},
+        output={
+            "volumeClaimTemplate": {
+                "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+            }
+        },
+    )
     said = jobctl._no_pod(restarted, 0, [1], 2)
     assert "output claim ft-output, at ns/ft/logs/attempt-0/node-<rank>.log" in said
     assert "has not started" in jobctl._no_pod(restarted, 3, [0], 2)

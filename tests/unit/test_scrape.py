@@ -133,10 +133,18 @@ def test_a_hostile_page_yields_only_values_the_status_can_hold() -> None:
     from finetune_operator.progress import parse_metrics
 
     padding = "".join(f'other_series{{i="{i}"}} {i}\n' for i in range(2000))
-    page = padding + ("finetune_train_total_steps 100\nfinetune_train_step 1e19\nfinetune_train_loss 0.5\n"
-                      "finetune_checkpoint_last_step -3\nfinetune_train_samples_per_second 1e300\n"
-                      "finetune_train_eta_seconds 12\n")
+    page = padding + (
+        "finetune_train_total_steps 100\nfinetune_train_step 1e19\nfinetune_train_loss 0.5\n"
+        "finetune_checkpoint_last_step -3\nfinetune_train_samples_per_second 1e300\n"
+        "finetune_train_eta_seconds 12\n"
+    )
     progress = parse_metrics(page, nodes=2)
     assert progress is not None
-    assert (progress.total_steps, progress.step, progress.loss, progress.last_checkpoint_step,
-            progress.samples_per_second, progress.eta_seconds) == (100, None, 0.5, None, None, 12)
+    assert (
+        progress.total_steps,
+        progress.step,
+        progress.loss,
+        progress.last_checkpoint_step,
+        progress.samples_per_second,
+        progress.eta_seconds,
+    ) == (100, None, 0.5, None, None, 12)

@@ -25,22 +25,35 @@ def errors_of(spec: dict[str, Any]) -> dict[str, str]:
 
 def test_every_error_is_reported_at_once() -> None:
     """Three mistakes in one manifest: three errors in one answer, in the order of the fields."""
-    found = errors_of(base_spec(nodes="two", training={"learningRate": "fast", "extraArgs": {"warmup_ratios": 0.1}},
-                                env=[{"name": "MASTER_ADDR", "value": "x"}]))
-    assert list(found) == ["spec.training.learningRate", "spec.env[0].name", "spec.nodes",
-                           "spec.training.extraArgs.warmup_ratios"]
+    found = errors_of(
+        base_spec(
+            nodes="two",
+            training={"learningRate": "fast", "extraArgs": {"warmup_ratios": 0.1}},
+            env=[{"name": "MASTER_ADDR", "value": "x"}],
+        )
+    )
+    assert list(found) == [
+        "spec.training.learningRate",
+        "spec.env[0].name",
+        "spec.nodes",
+        "spec.training.extraArgs.warmup_ratios",
+    ]
     assert found["spec.training.learningRate"] == "must be a number, got 'fast'"
     assert found["spec.nodes"] == "must be a whole number, got 'two'"
 
 
-@pytest.mark.parametrize(("spec", "field", "text"), [
-    (base_spec(training={"maxSteps": 2.5}), "spec.training.maxSteps", "a whole number"),
-    (base_spec(training={"packing": "yes"}), "spec.training.packing", "true or false"),
-    (base_spec(training={"lora": {"alpha": 8}}), "spec.training.lora.r", "is required"),
-    (base_spec(suspend="no"), "spec.suspend", "true or false"),
-    (base_spec(training="fast"), "spec.training", "must be an object"),
-    (base_spec(resources={"limits": {"memory": "lots"}}), "spec.resources.limits['memory']", "quantity"),
-], ids=["float-steps", "string-bool", "lora-without-rank", "string-suspend", "training-not-object", "quantity"])
+@pytest.mark.parametrize(
+    ("spec", "field", "text"),
+    [
+        (base_spec(training={"maxSteps": 2.5}), "spec.training.maxSteps", "a whole number"),
+        (base_spec(training={"packing": "yes"}), "spec.training.packing", "true or false"),
+        (base_spec(training={"lora": {"alpha": 8}}), "spec.training.lora.r", "is required"),
+        (base_spec(suspend="no"), "spec.suspend", "true or false"),
+        (base_spec(training="fast"), "spec.training", "must be an object"),
+        (base_spec(resources={"limits": {"memory": "lots"}}), "spec.resources.limits['memory']", "quantity"),
+    ],
+    ids=["float-steps", "string-bool", "lora-without-rank", "string-suspend", "training-not-object", "quantity"],
+)
 def test_wrong_types_name_the_field(spec, field, text) -> None:  # type: ignore[no-untyped-def]
     assert text in errors_of(spec)[field]
 
@@ -66,16 +79,27 @@ def test_normal_mounts_pass_and_the_image_pin_still_holds() -> None:
     assert violation is not None and violation.message.startswith("spec.podTemplate.volumes[0].mountPath")
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"lr_scheduler_typ": "cosine"}, "did you mean lr_scheduler_type"),
-    ({"max_grad_norm": "big"}, "must be a number, got 'big'"),
-    ({"max_grad_norm": True}, "must be a number"),
-    ({"label_names": "labels"}, "must be a list (or null)"),
-    ({"deepspeed": "/etc/passwd"}, "DeepSpeed is not installed in the default trainer image"),
-    ({"report_to": ["wandb"]}, "wandb: the default trainer image"),
-    ({"report_to": "mlflow"}, "mlflow: the default trainer image"),
-], ids=["unknown-name", "wrong-type", "bool-for-number", "string-for-list", "deepspeed", "report-to-list",
-        "report-to-string"])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"lr_scheduler_typ": "cosine"}, "did you mean lr_scheduler_type"),
+        ({"max_grad_norm": "big"}, "must be a number, got 'big'"),
+        ({"max_grad_norm": True}, "must be a number"),
+        ({"label_names": "labels"}, "must be a list (or null)"),
+        ({"deepspeed": "/etc/passwd"}, "DeepSpeed is not installed in the default trainer image"),
+        ({"report_to": ["wandb"]}, "wandb: the default trainer image"),
+        ({"report_to": "mlflow"}, "mlflow: the default trainer image"),
+    ],
+    ids=[
+        "unknown-name",
+        "wrong-type",
+        "bool-for-number",
+        "string-for-list",
+        "deepspeed",
+        "report-to-list",
+        "report-to-string",
+    ],
+)
 def test_extra_args_are_checked_against_the_image(extra, message) -> None:  # type: ignore[no-untyped-def]
     found = errors_of(base_spec(training={"extraArgs": extra}))
     (key,) = extra
@@ -93,8 +117,17 @@ def test_extra_args_follow_the_stack_the_job_runs() -> None:
     assert f"spec.training.extraArgs.{only_ort[0]}" in errors_of(base_spec(**extra))
     parse_spec(base_spec(acceleration="ort", **extra))
     parse_spec(base_spec(image="registry.corp/ml/own:1", **extra))
-    good = {"training": {"extraArgs": {"max_grad_norm": 1, "weight_decay": 0.01, "label_names": ["labels"],
-                                       "report_to": "none", "lr_scheduler_type": "cosine"}}}
+    good = {
+        "training": {
+            "extraArgs": {
+                "max_grad_norm": 1,
+                "weight_decay": 0.01,
+                "label_names": ["labels"],
+                "report_to": "none",
+                "lr_scheduler_type": "cosine",
+            }
+        }
+    }
     parse_spec(base_spec(**good))
     parse_spec(base_spec(acceleration="ort", **good))
 
@@ -103,22 +136,36 @@ def test_the_condition_message_holds_every_error() -> None:
     """What becomes the InvalidSpec condition: every error, each with its field."""
     with pytest.raises(SpecError) as e:
         parse_spec(base_spec(nodes=0.5, training={"seed": "x"}))
-    assert str(e.value) == "spec.training.seed: must be a whole number, got 'x'; " \
-                           "spec.nodes: must be a whole number, got 0.5"
+    assert (
+        str(e.value) == "spec.training.seed: must be a whole number, got 'x'; "
+        "spec.nodes: must be a whole number, got 0.5"
+    )
 
 
-@pytest.mark.parametrize("message, lines", [
-    ('failed to create typed patch object (t/bad; finetune.dev/v1alpha1, Kind=FineTuneJob): '
-     '.spec.training.maxStep: field not declared in schema', [".spec.training.maxStep: field not declared in schema"]),
-    ('failed to create typed patch object (t/bad; finetune.dev/v1alpha1, Kind=FineTuneJob): errors:\n'
-     '  .spec.training.learningRate: expected numeric (int or float), got string\n'
-     '  .spec.training.maxStep: field not declared in schema',
-     [".spec.training.learningRate: expected numeric (int or float), got string",
-      ".spec.training.maxStep: field not declared in schema"]),
-])
+@pytest.mark.parametrize(
+    "message, lines",
+    [
+        (
+            "failed to create typed patch object (t/bad; finetune.dev/v1alpha1, Kind=FineTuneJob): "
+            ".spec.training.maxStep: field not declared in schema",
+            [".spec.training.maxStep: field not declared in schema"],
+        ),
+        (
+            "failed to create typed patch object (t/bad; finetune.dev/v1alpha1, Kind=FineTuneJob): errors:\n"
+            "  .spec.training.learningRate: expected numeric (int or float), got string\n"
+            "  .spec.training.maxStep: field not declared in schema",
+            [
+                ".spec.training.learningRate: expected numeric (int or float), got string",
+                ".spec.training.maxStep: field not declared in schema",
+            ],
+        ),
+    ],
+)
 def test_server_side_apply_errors_become_one_line_per_field(message: str, lines: list[str]) -> None:
     """The API server's 500 for a manifest server-side apply cannot type names one field inline or lists several
     after "errors:"; `finetune validate` reports each as its own field, like the typed spec's errors."""
     assert jobctl.typed_patch_errors(message) == lines
     assert jobctl.merged_errors(["spec.training.learningRate: must be a number, got 'fast'"], lines) == [
-        "spec.training.learningRate: must be a number, got 'fast'", lines[-1]]
+        "spec.training.learningRate: must be a number, got 'fast'",
+        lines[-1],
+    ]

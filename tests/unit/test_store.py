@@ -14,8 +14,10 @@ KEY = ("ns", "ft")
 
 
 def job(rv: int, uid: str = "u1", state: str = "Running") -> dict[str, Any]:
-    return {"metadata": {"namespace": "ns", "name": "ft", "uid": uid, "resourceVersion": str(rv)},
-            "status": {"state": state}}
+    return {
+        "metadata": {"namespace": "ns", "name": "ft", "uid": uid, "resourceVersion": str(rv)},
+        "status": {"state": state},
+    }
 
 
 def pod(name: str, rv: int, uid: str | None = None, *, deleting: bool = False) -> dict[str, Any]:
@@ -45,8 +47,9 @@ def test_pods_are_served_only_after_a_list() -> None:
     store = Store()
     store.put_pod(KEY, pod("ft-node-1", 10))
     assert store.pods(KEY) is None
-    store.replace_pods(KEY, [pod("ft-node-0", 9), pod("ft-node-1", 10)], version=10,
-                       events_seen=store.events_seen(KEY))  # the list started after that event
+    store.replace_pods(
+        KEY, [pod("ft-node-0", 9), pod("ft-node-1", 10)], version=10, events_seen=store.events_seen(KEY)
+    )  # the list started after that event
     assert names(store.pods(KEY)) == ["ft-node-0", "ft-node-1"]
     store.put_pod(KEY, {**pod("ft-node-0", 8), "status": {"phase": "Pending"}})  # older: ignored
     assert {p.phase for p in store.pods(KEY) or []} == {"Running"}

@@ -201,7 +201,8 @@ class Config:
 def schema() -> dict[str, Any]:
     """The JSON Schema of the config contract (``config.schema.json`` next to this module)."""
     text = resources.files("finetune_trainer").joinpath("config.schema.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 def schema_path() -> str:

@@ -28,7 +28,10 @@ def hide_secrets() -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        log.warning("could not make the launcher non-dumpable (errno %d): its export credentials are readable by "
-                    "the training processes through /proc", ctypes.get_errno())
+        log.warning(
+            "could not make the launcher non-dumpable (errno %d): its export credentials are readable by "
+            "the training processes through /proc",
+            ctypes.get_errno(),
+        )
         return False
     return True

@@ -112,18 +112,20 @@ def tokenize(config: Config, dataset: Any, tokenizer: Any, label_ids: dict[Any, 
     max_len = config.training.max_seq_length
 
     if config.task == "sequence-classification":
-        assert label_ids is not None
+        assert label_ids is not None and ds.label_field is not None
+        label_field = ds.label_field
 
         def fn(batch: dict[str, list[Any]]) -> dict[str, Any]:
             pair = batch[ds.text_pair_field] if ds.text_pair_field else None
-            out = tokenizer(batch[ds.text_field], pair, truncation=True, max_length=max_len)
-            out["labels"] = [label_ids[v] for v in batch[ds.label_field]]
+            out: dict[str, Any] = tokenizer(batch[ds.text_field], pair, truncation=True, max_length=max_len)
+            out["labels"] = [label_ids[v] for v in batch[label_field]]
             return out
 
     else:  # causal-lm
 
         def fn(batch: dict[str, list[Any]]) -> dict[str, Any]:
-            return tokenizer(batch[ds.text_field], truncation=True, max_length=max_len)
+            encoded: dict[str, Any] = tokenizer(batch[ds.text_field], truncation=True, max_length=max_len)
+            return encoded
 
     tokenized = dataset.map(fn, batched=True, remove_columns=dataset.column_names, desc="tokenize")
     return tokenized.filter(lambda ex: len(ex["input_ids"]) > 0)

@@ -85,7 +85,7 @@ def output_full(chain: list[BaseException], config: Config | None) -> OutputFull
             named = e.filename if isinstance(e, OSError) and e.filename else None
             if not (_on_output(named, config) if named else _nearly_full(config.output_path)):
                 continue
-            where = f" writing {e.filename}" if named else ""
+            where = f" writing {named}" if named else ""
             return OutputFull(
                 f"no space left on the volume{where} ({_first_line(e)}); a restart would fail at the same save: "
                 f"{OUTPUT_FULL_FIX}"

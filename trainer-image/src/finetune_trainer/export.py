@@ -29,7 +29,7 @@ from finetune_trainer.credentials import HUB_TOKEN_ENV
 log = logging.getLogger(__name__)
 
 # A short outage of the Hub or the bucket must not fail a run that may have taken days: six tries over about three
-# minutes, each wait doubling from 5 s (at most 60 s) with full jitter, so many jobs ending together do not retry in step.
+# minutes, each wait doubling from 5 s (at most 60 s) with full jitter, so jobs ending together do not retry in step.
 ATTEMPTS = 6
 BACKOFF_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 60.0
@@ -59,10 +59,12 @@ def _permanent(exc: BaseException) -> bool:
 
 def backoff(attempt: int, *, draw: Callable[[], float] = random.random) -> float:
     """Seconds to wait after failed try ``attempt`` (1-based): full jitter over an exponential bound."""
-    return draw() * min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2 ** (attempt - 1))
+    return draw() * min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2.0 ** (attempt - 1))
 
 
-def _retrying(what: str, fn: Callable[[], dict[str, Any]], *, sleep: Callable[[float], None] = time.sleep) -> Any:
+def _retrying(
+    what: str, fn: Callable[[], dict[str, Any]], *, sleep: Callable[[float], None] = time.sleep
+) -> dict[str, Any]:
     for attempt in range(1, ATTEMPTS + 1):
         try:
             return fn()
@@ -76,7 +78,7 @@ def _retrying(what: str, fn: Callable[[], dict[str, Any]], *, sleep: Callable[[f
 
 def files_under(folder: str) -> list[str]:
     """Every file under ``folder``, relative, sorted (what an export sends)."""
-    out = []
+    out: list[str] = []
     for d, _, names in os.walk(folder):
         out.extend(os.path.relpath(os.path.join(d, n), folder) for n in names)
     return sorted(out)
@@ -126,8 +128,12 @@ def copy_to_s3(s3: S3Export, folder: str) -> dict[str, Any]:
             total += size
             listed.append({"key": key(name), "bytes": size})
         manifest = {"complete": True, "objects": listed, "bytes": total, "time": time.time()}
-        client.put_object(Bucket=s3.bucket, Key=key(MANIFEST), Body=json.dumps(manifest, indent=1).encode(),
-                          ContentType="application/json")
+        client.put_object(
+            Bucket=s3.bucket,
+            Key=key(MANIFEST),
+            Body=json.dumps(manifest, indent=1).encode(),
+            ContentType="application/json",
+        )
         return {"destination": s3.uri, "objects": len(names), "bytes": total, "manifest": key(MANIFEST)}
 
     return _retrying(f"copy to {s3.uri}", run)

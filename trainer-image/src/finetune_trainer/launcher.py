@@ -382,8 +382,12 @@ def parse_args(argv: list[str]) -> None:
         mine = version("finetune-trainer")
     except PackageNotFoundError:
         mine = "unknown"
-    ap = argparse.ArgumentParser(prog="finetune-trainer", description=USAGE, epilog=EXIT_CODES,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="finetune-trainer",
+        description=USAGE,
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--version", action="version", version=f"finetune-trainer {mine}")
     ap.parse_args(argv)
 

@@ -137,8 +137,14 @@ class TrainerMetrics:
             "finetune_eval_accuracy", "Accuracy on the evaluation split at the last evaluation (classification)"
         )
         self.eval_f1 = gauge("finetune_eval_f1", "Macro F1 on the evaluation split at the last evaluation")
-        nan_until_known = (self.mfu, self.mfu_deprecated, self.eval_loss, self.eval_perplexity, self.eval_accuracy,
-                           self.eval_f1)
+        nan_until_known = (
+            self.mfu,
+            self.mfu_deprecated,
+            self.eval_loss,
+            self.eval_perplexity,
+            self.eval_accuracy,
+            self.eval_f1,
+        )
         for unset in nan_until_known:
             unset.set(math.nan)  # NaN until known: a 0 would read as a perfect loss or a useless model
 

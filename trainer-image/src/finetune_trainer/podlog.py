@@ -54,7 +54,7 @@ class Tee:
             view = memoryview(chunk)
             while view:
                 try:
-                    view = view[os.write(out, view):]
+                    view = view[os.write(out, view) :]
                 except OSError:
                     break  # nobody reads the pod's stdout any more: the file still gets it
             try:
@@ -72,8 +72,7 @@ class Tee:
                 while (chunk := self._queue.get()) is not None:
                     if self._dropped:
                         dropped, self._dropped = self._dropped, 0
-                        f.write(f"\n[finetune: {dropped} bytes of log dropped: the output volume was slow]\n"
-                                .encode())
+                        f.write(f"\n[finetune: {dropped} bytes of log dropped: the output volume was slow]\n".encode())
                     f.write(chunk)
         except OSError as e:
             with contextlib.suppress(OSError):

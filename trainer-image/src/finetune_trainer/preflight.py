@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def _backoff(attempt: int, initial: float = 0.2, cap: float = 5.0) -> float:
-    return min(cap, initial * (2**attempt))
+    return min(cap, initial * (2.0**attempt))
 
 
 def wait_for_master(

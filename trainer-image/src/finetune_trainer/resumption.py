@@ -53,7 +53,7 @@ def _check_json(path: str) -> None:
 
 def _check_dcp(directory: str) -> None:
     """Every byte range the metadata names lies within its shard file."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     for info in FileSystemReader(directory).read_metadata().storage_data.values():
         shard = os.path.join(directory, info.relative_path)
