@@ -18,6 +18,7 @@ GAUGES = {
     "finetune_train_total_steps": "total_steps",
     "finetune_train_epoch": "epoch",
     "finetune_train_loss": "loss",
+    "finetune_train_learning_rate": "learning_rate",
     "finetune_train_samples_per_second": "samples_per_second",
     "finetune_train_tokens_per_second": "tokens_per_second",
     "finetune_train_eta_seconds": "eta_seconds",
@@ -86,6 +87,9 @@ def parse_metrics(text: str, *, nodes: int) -> Progress | None:
         if field in PER_NODE_RATES:  # whole-job rates; from 10/s on to a tenth: a column reads 2702.2, not 2702.2199
             value *= nodes
             out[field] = round(value, 1 if value >= 10 else 4)
+            continue
+        if field == "learning_rate":  # 2e-05: four significant digits, not four decimals
+            out[field] = float(f"{value:.4g}")
             continue
         out[field] = int(value) if field in INTEGER_FIELDS else round(value, 4)
     if not out.get("total_steps"):

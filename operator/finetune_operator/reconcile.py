@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from finetune_operator import admission, guardrails
+from finetune_operator import admission, guardrails, history
 from finetune_operator.admission import Observed
 from finetune_operator.builders import (
     build_config_map,
@@ -341,6 +341,7 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
     elif gang.running and gang.running + gang.succeeded == spec.nodes:
         if progress is not None:
             st.progress = merge_progress(st.progress, progress, now=p.now)
+            st.history = history.record(st.history, progress, attempt=st.attempt)
         p.transition(
             RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods running"
         )

@@ -61,6 +61,61 @@ def progress_line(progress: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(series: list[list[float]], width: int = 48) -> str:
+    """Values as bars, one run per attempt separated by ``│`` (a restart), resampled (bucket means) to about
+    ``width`` characters in all; the scale is shared by every attempt."""
+    flat = [v for run in series for v in run]
+    if not flat:
+        return ""
+    low, high = min(flat), max(flat)
+    per = max(1.0, len(flat) / max(1, width - len(series) + 1))
+    out = []
+    for run in series:
+        n = max(1, round(len(run) / per))
+        chars = ""
+        for i in range(n):
+            bucket = run[int(i * len(run) / n) : max(int(i * len(run) / n) + 1, int((i + 1) * len(run) / n))]
+            mean = sum(bucket) / len(bucket)
+            level = 0 if high == low else round((mean - low) / (high - low) * (len(BARS) - 1))
+            chars += BARS[level]
+        out.append(chars)
+    return "│".join(out)
+
+
+def curve_rows(history: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``finetune status``'s curves from ``status.history``: (label, sparkline with first → last value and the steps
+    covered) per series that has at least two points."""
+    if not history:
+        return []
+    rows = []
+    series = (
+        ("Loss", history.get("train") or [], "loss", "{:.4g}"),
+        ("Eval loss", history.get("eval") or [], "evalLoss", "{:.4g}"),
+        ("Samples/s", history.get("train") or [], "samplesPerSecond", "{:g}"),
+        ("LR", history.get("train") or [], "learningRate", "{:.3g}"),
+    )
+    for label, points, key, fmt in series:
+        have = [p for p in points if p.get(key) is not None]
+        if len(have) < 2:
+            continue
+        runs: dict[int, list[float]] = {}
+        for p in have:
+            runs.setdefault(int(p.get("attempt", 0)), []).append(float(p[key]))
+        first, last = have[0], have[-1]
+        attempts = f", attempts {first.get('attempt')}-{last.get('attempt')}" if len(runs) > 1 else ""
+        rows.append(
+            (
+                label,
+                f"{sparkline(list(runs.values()))}  {fmt.format(first[key])} → {fmt.format(last[key])} "
+                f"(steps {first.get('step')}-{last.get('step')}{attempts})",
+            )
+        )
+    return rows
+
+
 def status_block(
     job: dict[str, Any],
     pods: list[dict[str, Any]],
@@ -91,6 +146,8 @@ def status_block(
     head.add_row("Nodes", f"{st.get('nodes', '0/' + str(spec.get('nodes', 1)))} running")
     if line := progress_line(st.get("progress")):
         head.add_row("Progress", line)
+    for label, line in curve_rows(st.get("history")):
+        head.add_row(label, line)
     prog = st.get("progress") or {}
     if prog.get("lastCheckpointStep") is not None:
         head.add_row("Checkpoint", f"step {prog['lastCheckpointStep']}")

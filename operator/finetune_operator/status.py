@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from finetune_operator.failures import Failure
+from finetune_operator.history import History, camel
 
 # Job states (status.state), also the printer column.
 PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
@@ -41,11 +42,6 @@ def parse_ts(s: str | None) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)  # Kubernetes times are UTC
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(w[:1].upper() + w[1:] for w in rest)
-
-
 @dataclass(frozen=True)
 class Progress:
     """``status.progress``: rank 0's training gauges (progress.parse_metrics) and the restart accounting."""
@@ -55,6 +51,7 @@ class Progress:
     step_of_total: str | None = None
     epoch: float | None = None
     loss: float | None = None
+    learning_rate: float | None = None
     samples_per_second: float | None = None
     tokens_per_second: float | None = None
     eta_seconds: int | None = None
@@ -76,14 +73,14 @@ class Progress:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None:
-                out[_camel(f.name)] = ts(value) if isinstance(value, datetime) else value
+                out[camel(f.name)] = ts(value) if isinstance(value, datetime) else value
         return out
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Progress:
         values: dict[str, Any] = {}
         for f in fields(cls):
-            key = _camel(f.name)
+            key = camel(f.name)
             if d.get(key) is not None:
                 values[f.name] = parse_ts(d[key]) if f.name == "update_time" else d[key]
         return cls(**values)
@@ -158,6 +155,7 @@ class Status:
     gpu_seconds_lost: float | None = None
     failure: Failure | None = None
     progress: Progress | None = None
+    history: History | None = None
     conditions: list[Condition] = field(default_factory=list)
 
     # -- the wire form ------------------------------------------------------------------------------
@@ -182,11 +180,13 @@ class Status:
         for name in (*self._TIMES, *self._NUMBERS):
             value = getattr(self, name)
             if value is not None:
-                out[_camel(name)] = ts(value) if isinstance(value, datetime) else value
+                out[camel(name)] = ts(value) if isinstance(value, datetime) else value
         if self.failure is not None:
             out["failure"] = self.failure.as_status()
         if self.progress is not None:
             out["progress"] = self.progress.to_wire()
+        if self.history is not None:
+            out["history"] = self.history.to_wire()
         if self.conditions:
             out["conditions"] = [c.to_wire() for c in self.conditions]
         return out
@@ -205,13 +205,14 @@ class Status:
             disruptions=int(d.get("disruptions") or 0),
             failure=Failure.from_status(d["failure"]) if d.get("failure") else None,
             progress=Progress.from_wire(d["progress"]) if d.get("progress") else None,
+            history=History.from_wire(d.get("history")),
             conditions=[Condition.from_wire(c) for c in d.get("conditions") or []],
         )
         for name in cls._TIMES:
-            setattr(st, name, parse_ts(d.get(_camel(name))))
+            setattr(st, name, parse_ts(d.get(camel(name))))
         for name in cls._NUMBERS:
-            if d.get(_camel(name)) is not None:
-                setattr(st, name, float(d[_camel(name)]))
+            if d.get(camel(name)) is not None:
+                setattr(st, name, float(d[camel(name)]))
         return st
 
     # -- conditions ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from finetune_operator.render import curve_rows
 
 from tests.integration.harness import FakeKubelet, Jobs, OperatorProcess, make_job
 from tests.waiting import wait_for
@@ -41,6 +42,8 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         m.eta.set(95)  # type: ignore[attr-defined]
         m.checkpoint_last_step.set(5)  # type: ignore[attr-defined]
         m.eval_loss.set(0.4321)  # type: ignore[attr-defined]
+        m.loss.set(2.5)  # type: ignore[attr-defined]
+        m.learning_rate.set(3e-5)  # type: ignore[attr-defined]
         progress = wait_for(
             lambda: (p := jobs.status("prog").get("progress")) and p.get("step") == 7 and p,
             timeout=30,
@@ -64,9 +67,18 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         ]
         cols = row.split()
         assert cols[1:5] == ["Running", "AllRanksRunning", "2/2", "0"] and cols[6:] == ["7/20", "25", "1m35s", "0.4321"]
-        # The next step moves the status along.
+        assert progress["learningRate"] == 3e-5
+        # The next step moves the status along, and each step seen is a point of the curves in status.history.
         m.step.set(9)  # type: ignore[attr-defined]
+        m.loss.set(2.0)  # type: ignore[attr-defined]
         wait_for(lambda: jobs.status("prog")["progress"]["step"] == 9, timeout=30, what="step 9 in status")
+        hist = jobs.status("prog")["history"]
+        assert hist["train"] == [
+            {"attempt": 1, "step": 7, "loss": 2.5, "samplesPerSecond": 25.0, "learningRate": 3e-5},
+            {"attempt": 1, "step": 9, "loss": 2.0, "samplesPerSecond": 25.0, "learningRate": 3e-5},
+        ]
+        assert hist["eval"] == [{"attempt": 1, "step": 7, "evalLoss": 0.4321}]
+        assert dict(curve_rows(hist))["Loss"] == "█▁  2.5 → 2 (steps 7-9)"
         # Every rank exits 0 before rank 0 is scraped again: the finished job shows its last step, not step 9.
         for r in (0, 1):
             kubelet.exit(f"prog-node-{r}", 0)

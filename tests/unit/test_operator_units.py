@@ -1086,6 +1086,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
     from dataclasses import fields
 
     from finetune_operator.failures import Failure
+    from finetune_operator.history import EvalPoint, History, TrainPoint
     from finetune_operator.status import Condition, Status
 
     schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
@@ -1115,12 +1116,15 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
         gpu_seconds_used=10.0,
         gpu_seconds_lost=1.0,
         progress=progress,
+        history=History((TrainPoint(1, 5, 2.5, 10.0, 2e-5),), (EvalPoint(1, 5, 1.25),)),
         failure=Failure("TrainingError", "exit code 1", rank=1, attempt=0, exit_code=1, pod_name="ft-node-1"),
         conditions=[Condition("Running", True, "AllRanksRunning", "ok", NOW, 3)],
     )
     wire = full.to_wire()
     assert set(wire) == set(schema)
     assert set(wire["progress"]) == set(schema["progress"]["properties"])
+    for series in ("train", "eval"):
+        assert set(wire["history"][series][0]) == set(schema["history"]["properties"][series]["items"]["properties"])
     assert set(wire["failure"]) == set(schema["failure"]["properties"])
     assert set(wire["conditions"][0]) == set(schema["conditions"]["items"]["properties"])
     assert wire["nodes"] == "2/4" and wire["conditions"][0]["status"] == "True"

@@ -138,6 +138,8 @@ class TrainerMetrics:
         )
         self.eval_f1 = gauge("finetune_eval_f1", "Macro F1 on the evaluation split at the last evaluation")
         nan_until_known = (
+            self.loss,
+            self.learning_rate,
             self.mfu,
             self.mfu_deprecated,
             self.eval_loss,

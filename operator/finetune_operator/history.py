@@ -1,0 +1,114 @@
+"""Pure: ``status.history``, a bounded and downsampled record of a job's training curves, from what the operator
+scrapes from rank 0.
+
+Clients draw loss, evaluation loss, throughput and learning-rate curves from the job alone, without Prometheus:
+``finetune status`` prints them as sparklines. Two series, each bounded, whatever the job's length:
+
+- ``train``: at most :data:`MAX_TRAIN_POINTS` points ``{attempt, step, loss, samplesPerSecond, learningRate}``, one
+  per scrape that saw the step move (the progress interval, 15 s by default);
+- ``eval``: at most :data:`MAX_EVAL_POINTS` points ``{attempt, step, evalLoss}``, one per new evaluation result (at
+  the step the scrape saw it).
+
+When a series is full, the point whose neighbours lie closest together goes, so the points stay spread evenly over
+the whole run, and never an attempt's first or last point, so restarts (a new ``attempt``; the step may go back to
+the checkpoint) stay visible. About 200 x 100 bytes: the status stays small (etcd objects are limited to 1.5 MiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # status.py holds a History: no import at run time
+    from finetune_operator.status import Progress
+
+MAX_TRAIN_POINTS = 200
+MAX_EVAL_POINTS = 100
+
+
+@dataclass(frozen=True)
+class TrainPoint:
+    attempt: int
+    step: int
+    loss: float | None = None
+    samples_per_second: float | None = None
+    learning_rate: float | None = None
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    attempt: int
+    step: int
+    eval_loss: float
+
+
+P = TypeVar("P", TrainPoint, EvalPoint)
+
+
+def camel(name: str) -> str:
+    """A field's wire name: ``samples_per_second`` → ``samplesPerSecond`` (the status's too)."""
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def _point_to_wire(p: TrainPoint | EvalPoint) -> dict[str, Any]:
+    return {camel(f.name): getattr(p, f.name) for f in fields(p) if getattr(p, f.name) is not None}
+
+
+def _point_from_wire(cls: type[P], d: dict[str, Any]) -> P:
+    return cls(**{f.name: d[camel(f.name)] for f in fields(cls) if d.get(camel(f.name)) is not None})
+
+
+@dataclass(frozen=True)
+class History:
+    train: tuple[TrainPoint, ...] = ()
+    eval: tuple[EvalPoint, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"train": [_point_to_wire(p) for p in self.train], "eval": [_point_to_wire(p) for p in self.eval]}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any] | None) -> History | None:
+        if not d:
+            return None
+        try:
+            return cls(
+                tuple(_point_from_wire(TrainPoint, p) for p in d.get("train") or []),
+                tuple(_point_from_wire(EvalPoint, p) for p in d.get("eval") or []),
+            )
+        except TypeError:  # a point without its attempt or step (edited by hand): start the record again
+            return None
+
+
+def thin(points: tuple[P, ...], limit: int) -> tuple[P, ...]:
+    """``points`` cut to ``limit``: while too many, the point whose neighbours lie closest together (in steps, within
+    its attempt) goes, so the points stay spread evenly over the whole run; an attempt's first and last points stay
+    (the oldest points go when nothing else can: hundreds of restarts)."""
+    out = list(points)
+    while len(out) > limit:
+        best, span = -1, 0
+        for i in range(1, len(out) - 1):
+            if out[i - 1].attempt == out[i].attempt == out[i + 1].attempt:
+                gap = out[i + 1].step - out[i - 1].step
+                if best < 0 or gap < span:
+                    best, span = i, gap
+        del out[best if best >= 0 else 0]
+    return tuple(out)
+
+
+def record(history: History | None, scraped: Progress, *, attempt: int) -> History:
+    """``history`` with what one scrape of rank 0 saw (``scraped``: this scrape's fields only, not the status's
+    carried-over ones): a training point when the step moved since the attempt's last one, an evaluation point when
+    the evaluation loss is not the attempt's last one."""
+    h = history or History()
+    if scraped.step is not None:
+        last = h.train[-1] if h.train else None
+        if last is None or last.attempt != attempt or last.step != scraped.step:
+            point = TrainPoint(attempt, scraped.step, scraped.loss, scraped.samples_per_second, scraped.learning_rate)
+            h = replace(h, train=thin((*h.train, point), MAX_TRAIN_POINTS))
+    if scraped.eval_loss is not None:
+        last_eval = next((p for p in reversed(h.eval) if p.attempt == attempt), None)
+        if last_eval is None or last_eval.eval_loss != scraped.eval_loss:
+            point_e = EvalPoint(attempt, scraped.step or (last_eval.step if last_eval else 0), scraped.eval_loss)
+            h = replace(h, eval=thin((*h.eval, point_e), MAX_EVAL_POINTS))
+    return h
