@@ -62,7 +62,10 @@ referenced="$("${ctr[@]}" content ls -q)"
 for blob in "$store"/root/io.containerd.content.v1.content/blobs/sha256/*; do
   [[ -e "$blob" ]] && ! grep -qx "sha256:${blob##*/}" <<<"$referenced" && rm -f "$blob"
 done
-"${ctr[@]}" images ls -q | grep -qx "$pause" || { echo "node-store.sh: $pause missing after import" >&2; exit 1; }
+# The list first, then the match: `ctr ... | grep -q` under pipefail fails when grep exits at the match before ctr has
+# written the names after it (SIGPIPE), as soon as an image sorts after the pause image.
+imported="$("${ctr[@]}" images ls -q)"
+grep -qx "$pause" <<<"$imported" || { echo "node-store.sh: $pause missing after import" >&2; exit 1; }
 cleanup
 trap - EXIT
 echo "$pause" > "$store/pause-image"
