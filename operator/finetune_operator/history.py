@@ -98,13 +98,24 @@ def thin(points: tuple[P, ...], limit: int) -> tuple[P, ...]:
 
 def record(history: History | None, scraped: Progress, *, attempt: int) -> History:
     """``history`` with what one scrape of rank 0 saw (``scraped``: this scrape's fields only, not the status's
-    carried-over ones): a training point when the step moved since the attempt's last one, an evaluation point when
-    the evaluation loss is not the attempt's last one."""
+    carried-over ones): a training point when the step moved since the attempt's last one (at the same step, the
+    newest values fill in that point), an evaluation point when the evaluation loss is not the attempt's last one."""
     h = history or History()
     if scraped.step is not None:
         last = h.train[-1] if h.train else None
-        if last is None or last.attempt != attempt or last.step != scraped.step:
-            point = TrainPoint(attempt, scraped.step, scraped.loss, scraped.samples_per_second, scraped.learning_rate)
+        point = TrainPoint(attempt, scraped.step, scraped.loss, scraped.samples_per_second, scraped.learning_rate)
+        if last is not None and (last.attempt, last.step) == (attempt, scraped.step):
+            # The same step again: what this scrape adds (a gauge the trainer had not set at the last one) fills in.
+            filled = TrainPoint(
+                attempt,
+                last.step,
+                last.loss if point.loss is None else point.loss,
+                last.samples_per_second if point.samples_per_second is None else point.samples_per_second,
+                last.learning_rate if point.learning_rate is None else point.learning_rate,
+            )
+            if filled != last:
+                h = replace(h, train=(*h.train[:-1], filled))
+        else:
             h = replace(h, train=thin((*h.train, point), MAX_TRAIN_POINTS))
     if scraped.eval_loss is not None:
         last_eval = next((p for p in reversed(h.eval) if p.attempt == attempt), None)

@@ -37,13 +37,13 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
             kubelet.run(p.metadata.name, ip="127.0.0.1")
         jobs.wait_state("prog", "Running")
         m.step.set(7)  # type: ignore[attr-defined]
-        m.total_steps.set(20)  # type: ignore[attr-defined]
         m.samples_per_second.set(12.5)  # type: ignore[attr-defined]
         m.eta.set(95)  # type: ignore[attr-defined]
         m.checkpoint_last_step.set(5)  # type: ignore[attr-defined]
         m.eval_loss.set(0.4321)  # type: ignore[attr-defined]
         m.loss.set(2.5)  # type: ignore[attr-defined]
         m.learning_rate.set(3e-5)  # type: ignore[attr-defined]
+        m.total_steps.set(20)  # type: ignore[attr-defined]  # last: a page without it is no progress yet
         progress = wait_for(
             lambda: (p := jobs.status("prog").get("progress")) and p.get("step") == 7 and p,
             timeout=30,
@@ -70,9 +70,12 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         assert progress["learningRate"] == 3e-5
         # The next step moves the status along, and each step seen is a point of the curves in status.history.
         m.step.set(9)  # type: ignore[attr-defined]
-        m.loss.set(2.0)  # type: ignore[attr-defined]
-        wait_for(lambda: jobs.status("prog")["progress"]["step"] == 9, timeout=30, what="step 9 in status")
-        hist = jobs.status("prog")["history"]
+        m.loss.set(2.0)  # type: ignore[attr-defined]  # a scrape in between fills step 9's point in later
+        hist = wait_for(
+            lambda: (h := jobs.status("prog").get("history")) and h["train"][-1].get("loss") == 2.0 and h,
+            timeout=30,
+            what="step 9's loss in status.history",
+        )
         assert hist["train"] == [
             {"attempt": 1, "step": 7, "loss": 2.5, "samplesPerSecond": 25.0, "learningRate": 3e-5},
             {"attempt": 1, "step": 9, "loss": 2.0, "samplesPerSecond": 25.0, "learningRate": 3e-5},

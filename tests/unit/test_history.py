@@ -25,6 +25,9 @@ def test_a_point_per_step_moved_and_per_new_evaluation() -> None:
         h = history.record(h, scrape(step, eval_loss=ev), attempt=1)
     assert h is not None
     assert [(p.step, p.loss) for p in h.train] == [(1, 3.0), (5, 2.5), (9, 2.0), (12, None), (20, None)]
+    # A gauge the trainer sets after the step (a scrape in between saw the step alone) fills in that step's point.
+    h = history.record(h, scrape(20, loss=1.5), attempt=1)
+    assert h.train[-1] == TrainPoint(1, 20, 1.5) and len(h.train) == 5
     assert h.train[0] == TrainPoint(1, 1, 3.0, 10.0, 2e-5)
     assert h.eval == (EvalPoint(1, 9, 1.9), EvalPoint(1, 20, 1.7))
 
