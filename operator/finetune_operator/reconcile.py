@@ -587,6 +587,19 @@ def _wait_quota(p: _Pass, message: str) -> None:
     st.admission_retry_time = p.now + timedelta(seconds=QUOTA_RETRY_SECONDS)
 
 
+def _wait_api_server(p: _Pass, message: str) -> None:
+    """The API server cannot yet check this job's owner references (a CRD installed moments ago): condition
+    Created=False/CRDNotServedYet, one event, a retry every 2 s."""
+    st = p.st
+    before = p.job.status.condition("Created")
+    st.set_condition("Created", False, "CRDNotServedYet", message, now=p.now, record_false=True)
+    if st.state is None:
+        st.state = PENDING
+    if before is None or before.reason != "CRDNotServedYet":
+        p.event("Normal", "CRDNotServedYet", message)
+    p.plan.requeue_after = 2.0
+
+
 def _wait_for_namesake(p: _Pass, what: str) -> None:
     """A child name this job needs is still held by a deleted FineTuneJob of the same name (another uid): wait for the
     garbage collector, never adopt it (its pods would count as this job's, its ConfigMap carry the old config)."""
@@ -635,8 +648,9 @@ def name_taken(job: Job, *, what: str, now: datetime, settings: Settings) -> Pla
 def create_rejected(
     job: Job, pods: list[PodState], *, what: str, code: int, message: str, now: datetime, settings: Settings
 ) -> Plan:
-    """The API server refused a child the spec produced. A quota refusal waits and retries; anything else
-    (an invalid pod, a Pod Security violation) is an InvalidSpec: the job fails instead of retrying forever.
+    """The API server refused a child the spec produced. A quota refusal waits and retries, and so does an owner
+    reference the API server cannot check yet (a CRD installed moments ago); anything else (an invalid pod, a Pod
+    Security violation) is an InvalidSpec: the job fails instead of retrying forever.
     ``pods``: the job's pods as they are now (the ranks created before the refusal among them)."""
     st = copy.deepcopy(job.status)
     st.observed_generation = job.generation
@@ -649,6 +663,12 @@ def create_rejected(
         # rank 0 / peers that cannot come, and count against the quota the rest of the gang needs. They go.
         p.delete(Gang.of(pods, uid=job.ref.uid, attempt=st.attempt).current)
         _wait_quota(p, text)
+        return p.plan
+    if code == 403 and "cannot find RESTMapping" in message:
+        # The owner-reference admission check does not know the FineTuneJob kind yet: the CRD was installed moments
+        # ago (helm install, then a job at once) and the API server's discovery has not caught up. Seconds, not a
+        # fault of the spec.
+        _wait_api_server(p, text)
         return p.plan
     if "PodSecurity" in message:
         text = (

@@ -77,10 +77,10 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
             what="step 9's loss in status.history",
         )
         assert hist["train"] == [
-            {"attempt": 1, "step": 7, "loss": 2.5, "samplesPerSecond": 25.0, "learningRate": 3e-5},
-            {"attempt": 1, "step": 9, "loss": 2.0, "samplesPerSecond": 25.0, "learningRate": 3e-5},
+            {"attempt": 0, "step": 7, "loss": 2.5, "samplesPerSecond": 25.0, "learningRate": 3e-5},
+            {"attempt": 0, "step": 9, "loss": 2.0, "samplesPerSecond": 25.0, "learningRate": 3e-5},
         ]
-        assert hist["eval"] == [{"attempt": 1, "step": 7, "evalLoss": 0.4321}]
+        assert hist["eval"] == [{"attempt": 0, "step": 7, "evalLoss": 0.4321}]
         assert dict(curve_rows(hist))["Loss"] == "█▁  2.5 → 2 (steps 7-9)"
         # Every rank exits 0 before rank 0 is scraped again: the finished job shows its last step, not step 9.
         for r in (0, 1):

@@ -47,4 +47,4 @@ def test_an_unwritable_output_volume_costs_the_copy_not_the_pod_log(tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout.splitlines()
     assert "from the launcher" in out and "from a worker" in out and out[-1] == "after the copy ended"
-    assert any("the log copy" in line and "stopped" in line for line in out)
+    assert any("the log copy" in line and "stopped" in line for line in proc.stderr.splitlines())

@@ -814,6 +814,18 @@ def test_api_rejections_become_conditions_not_retry_loops() -> None:
         job(dict(STARTED, state="Created")), 403, 'pods "ft-node-0" is forbidden: status unknown for quota: one-pod'
     )
     assert unknown.status.state == "Created" and unknown.requeue_after == 30.0
+    # A job applied right after `helm install`: the owner-reference admission check does not serve the new kind yet.
+    early = rejected(
+        job(dict(STARTED)),
+        403,
+        'networkpolicies.networking.k8s.io "ft" is forbidden: cannot set blockOwnerDeletion in this case because '
+        "cannot find RESTMapping for APIVersion finetune.dev/v1alpha1 Kind FineTuneJob: no matches for kind "
+        '"FineTuneJob" in version "finetune.dev/v1alpha1"',
+    )
+    assert early.status.state != "Failed" and early.status.failure is None and early.requeue_after == 2.0
+    created = early.status.condition("Created")
+    assert created is not None and not created.status and created.reason == "CRDNotServedYet"
+    assert [e.reason for e in early.events] == ["CRDNotServedYet"]
     bad = rejected(job(dict(STARTED)), 422, 'spec.containers[0].resources.requests: Invalid value: "1x"')
     assert bad.status.state == "Failed" and bad.status.failure.reason == "InvalidSpec"
     assert "resources.requests" in bad.status.failure.message

@@ -75,8 +75,10 @@ class Tee:
                         f.write(f"\n[finetune: {dropped} bytes of log dropped: the output volume was slow]\n".encode())
                     f.write(chunk)
         except OSError as e:
+            # To the pod's stderr: only the pump writes its stdout, so this line never lands inside another (an
+            # unbuffered print writes its text and its newline apart).
             with contextlib.suppress(OSError):
-                os.write(self._saved_out, f"finetune: the log copy {self.path} stopped: {e}\n".encode())
+                os.write(self._saved_err, f"finetune: the log copy {self.path} stopped: {e}\n".encode())
             while self._queue.get() is not None:  # keep draining: the pump must never block on the queue
                 pass
 
