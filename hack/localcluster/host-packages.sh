@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages real nodes and the image builds need on the host (root): the container runtime (containerd, runc),
 # the CNI plugins, iptables and conntrack (kube-proxy), and the image tools (buildah, podman, debootstrap; gcc and
-# libc's static archive for the sandbox image). Installs only what is missing; a no-op on a prepared machine.
+# libc's static archive for the sandbox image), and headless Chromium (the web view's browser tests). Installs only
+# what is missing; a no-op on a prepared machine.
 set -euo pipefail
 declare -A need=(
   [containerd]=containerd [runc]=runc [ctr]=containerd [buildah]=buildah [podman]=podman [debootstrap]=debootstrap
   [iptables]=iptables [conntrack]=conntrack [ip]=iproute2 [gcc]=gcc [openssl]=openssl
+  [chromium-headless-shell]=chromium-headless-shell
 )
 missing=()
 for tool in "${!need[@]}"; do command -v "$tool" >/dev/null || missing+=("${need[$tool]}"); done

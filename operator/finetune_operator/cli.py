@@ -1,7 +1,7 @@
 """The ``finetune`` command line. For users: ``submit``, ``validate``, ``status``, ``list``, ``logs``, ``wait``,
-``suspend``, ``resume``, ``delete`` (finetune_operator.jobctl, docs/cli.md). ``finetune operator`` runs the operator;
-``finetune run-local`` runs a FineTuneJob manifest on this machine with the same config and env contract as the
-pods."""
+``suspend``, ``resume``, ``delete`` (finetune_operator.jobctl over finetune_operator.client, docs/cli.md) and ``ui``
+(finetune_operator.webui). ``finetune operator`` runs the operator; ``finetune run-local`` runs a FineTuneJob manifest
+on this machine with the same config and env contract as the pods."""
 
 from __future__ import annotations
 
@@ -188,9 +188,26 @@ def add_user_parsers(sub: Any) -> None:
     p.add_argument("name")
     p.add_argument("--wait", action="store_true", help="until the job and its pods are gone")
     p.add_argument("--timeout", type=float, default=300.0, help="for --wait (default 300 s)")
+    p = sub.add_parser(
+        "ui",
+        parents=[common],
+        help="serve a web view of the jobs and their curves on localhost, with your kubeconfig",
+    )
+    p.add_argument(
+        "--address", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument("--port", type=int, default=8080, help="the port (default 8080; 0: any free one)")
+    p.add_argument(
+        "--also-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="when you may not list jobs in every namespace: list these too (repeat; -n and the context's always)",
+    )
+    p.add_argument("--open", action="store_true", help="open the page in the default browser")
 
 
-USER_COMMANDS = ("submit", "validate", "status", "list", "logs", "wait", "suspend", "resume", "delete")
+USER_COMMANDS = ("submit", "validate", "status", "list", "logs", "wait", "suspend", "resume", "delete", "ui")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,7 +98,7 @@ def test_validate_reports_every_error_of_a_manifest_at_once(cluster, namespace, 
 
 
 def jobctl_local_errors(obj: dict[str, Any]) -> list[str]:
-    from finetune_operator.jobctl import local_errors
+    from finetune_operator.client import local_errors
 
     return local_errors({**obj, "metadata": {**obj["metadata"], "namespace": "x"}})
 

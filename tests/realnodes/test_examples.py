@@ -116,12 +116,22 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(
     assert all(col in header for col in ("STEP", "SAMPLES/S", "ETA")), header
     # The copy on the output claim, which outlives the pods: each pod's log from the launcher's start on.
     ns = ["-n", namespace]
+    logs = {}
     for rank in (0, 1):
         text = finetune(rc, "logs", name, "--rank", str(rank), *ns)
         assert text.returncode == 0 and "launcher INFO starting:" in text.stdout, text.stderr
         copy = (out / "logs" / "attempt-0" / f"node-{rank}.log").read_bytes().decode(errors="replace")
         assert "launcher INFO starting:" in copy
         assert text.stdout.rstrip().endswith(copy.rstrip()), (rank, copy[-500:], text.stdout[-500:])
+        logs[rank] = text.stdout
+    # The web view's page of the job (finetune ui, through the Python client): the loss curve the operator recorded
+    # from the trainer's metrics while it ran, and the tail of rank 0's log from the real kubelet.
+    from finetune_operator.client import FineTuneClient
+    from finetune_operator.webui import LOG_TAIL_LINES, Views
+
+    page = Views(FineTuneClient(namespace, kubeconfig=rc.kubeconfig)).job(namespace, name)
+    assert page["state"] == "Succeeded" and len(page["curves"]["loss"]) >= 2, page["curves"]
+    assert page["log"]["lines"] == logs[0].rstrip("\n").split("\n")[-LOG_TAIL_LINES:], page["log"]["note"]
     tail = finetune(rc, "logs", name, "--tail", "3", *ns)
     assert tail.returncode == 0 and len(tail.stdout.rstrip("\n").split("\n")) == 3
     missing = finetune(rc, "logs", name, "--attempt", "3", *ns)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from finetune_operator import jobctl, render
+from finetune_operator import client, jobctl, render
 from finetune_operator.status import ts
 from rich.console import Console
 
@@ -108,14 +108,8 @@ def test_progress_line_and_list_table_read_well() -> None:
     assert rows[1][2:4] == ["Failed", "CUDAOutOfMemory"]
 
 
-def ctx(namespace: str | None = None) -> jobctl.Context:
-    return jobctl.Context(
-        api=None,
-        namespace=namespace or "default",
-        explicit_namespace=namespace is not None,
-        out=Console(),
-        err=Console(stderr=True),
-    )
+def ctx(namespace: str | None = None) -> client.FineTuneClient:
+    return client.FineTuneClient(namespace, offline=True)
 
 
 def test_a_manifest_must_hold_one_finetunejob_and_agree_with_the_namespace_flag(tmp_path: Path) -> None:
@@ -124,25 +118,25 @@ def test_a_manifest_must_hold_one_finetunejob_and_agree_with_the_namespace_flag(
         "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a}\n---\n"
         "apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: b}\n"
     )
-    with pytest.raises(jobctl.UserError, match="holds 2 FineTuneJob"):
-        jobctl.load_manifest(str(two), ctx())
+    with pytest.raises(client.UserError, match="holds 2 FineTuneJob"):
+        ctx().load(str(two))
     one = tmp_path / "one.yaml"
     one.write_text("apiVersion: finetune.dev/v1alpha1\nkind: FineTuneJob\nmetadata: {name: a, namespace: team}\n")
-    assert jobctl.load_manifest(str(one), ctx())["metadata"]["namespace"] == "team"
-    with pytest.raises(jobctl.UserError, match=r"metadata\.namespace is .team. but -n says .other."):
-        jobctl.load_manifest(str(one), ctx("other"))
+    assert ctx().load(str(one))[1]["metadata"]["namespace"] == "team"
+    with pytest.raises(client.UserError, match=r"metadata\.namespace is .team. but -n \(namespace=\) says .other."):
+        ctx("other").load(str(one))
     old = tmp_path / "old.yaml"
     old.write_text("apiVersion: finetune.dev/v1\nkind: FineTuneJob\nmetadata: {name: a}\n")
-    with pytest.raises(jobctl.UserError, match=r"speaks finetune\.dev/v1alpha1"):
-        jobctl.load_manifest(str(old), ctx())
+    with pytest.raises(client.UserError, match=r"speaks finetune\.dev/v1alpha1"):
+        ctx().load(str(old))
 
 
 def test_the_typed_spec_names_the_field_of_each_error() -> None:
     bad = job(None, output={"claimName": "o", "path": "../other"})
-    assert any(e.startswith("spec.output.path") for e in jobctl.local_errors(bad))
+    assert any(e.startswith("spec.output.path") for e in client.local_errors(bad))
     bad_name = job(None, name="Has_Capitals")
-    assert any("metadata.name" in e for e in jobctl.local_errors(bad_name))
-    assert jobctl.local_errors(job(None)) == []
+    assert any("metadata.name" in e for e in client.local_errors(bad_name))
+    assert client.local_errors(job(None)) == []
 
 
 def test_validate_offline_needs_no_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,9 +173,9 @@ def test_an_earlier_attempts_log_is_found_on_the_output_claim() -> None:
             }
         },
     )
-    said = jobctl._no_pod(restarted, 0, [1], 2)
+    said = client.no_pod(restarted, 0, [1], 2)
     assert "output claim ft-output, at ns/ft/logs/attempt-0/node-<rank>.log" in said
-    assert "has not started" in jobctl._no_pod(restarted, 3, [0], 2)
+    assert "has not started" in client.no_pod(restarted, 3, [0], 2)
 
 
 def test_the_reason_column_is_derived_in_the_wire_status() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from finetune_operator import guardrails, jobctl
+from finetune_operator import client, guardrails
 from finetune_operator.builders import JobRef
 from finetune_operator.settings import Settings
 from finetune_operator.spec import TRAINING_ARGS, SpecError, normal_path, parse_spec
@@ -164,8 +164,8 @@ def test_the_condition_message_holds_every_error() -> None:
 def test_server_side_apply_errors_become_one_line_per_field(message: str, lines: list[str]) -> None:
     """The API server's 500 for a manifest server-side apply cannot type names one field inline or lists several
     after "errors:"; `finetune validate` reports each as its own field, like the typed spec's errors."""
-    assert jobctl.typed_patch_errors(message) == lines
-    assert jobctl.merged_errors(["spec.training.learningRate: must be a number, got 'fast'"], lines) == [
+    assert client.typed_patch_errors(message) == lines
+    assert client.merged_errors(["spec.training.learningRate: must be a number, got 'fast'"], lines) == [
         "spec.training.learningRate: must be a number, got 'fast'",
         lines[-1],
     ]
