@@ -104,6 +104,20 @@ def termination_text(message: str | None) -> str:
     return message.strip()[-800:]
 
 
+def completion_result(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """A succeeded trainer's summary of its run from its termination message (``{"reason": "Completed", "result":
+    {...}}``: rank 0 writes the end of its curves from result.json), or None (another rank, an older image)."""
+    if (pod.get("status") or {}).get("phase") != "Succeeded":
+        return None
+    term = (_container_status(pod).get("state") or {}).get("terminated") or {}
+    try:
+        data = json.loads(term.get("message") or "")
+    except ValueError:
+        return None
+    result = data.get("result") if isinstance(data, dict) else None
+    return result if isinstance(result, dict) else None
+
+
 def classify_pod(pod: dict[str, Any]) -> Failure | None:
     """The failure of one pod of the running attempt, or None while it is healthy or succeeded."""
     status = pod.get("status") or {}

@@ -9,6 +9,9 @@ Clients draw loss, evaluation loss, throughput and learning-rate curves from the
 - ``eval``: at most :data:`MAX_EVAL_POINTS` points ``{attempt, step, evalLoss}``, one per new evaluation result (at
   the step the scrape saw it).
 
+When the job succeeds, :func:`record_result` merges in the end of the curves from rank 0's ``result.json`` (its
+termination message): the losses it logged and its evaluations, which the scrapes (every few seconds) partly missed.
+
 When a series is full, the point whose neighbours lie closest together goes, so the points stay spread evenly over
 the whole run, and never an attempt's first or last point, so restarts (a new ``attempt``; the step may go back to
 the checkpoint) stay visible. About 200 x 100 bytes: the status stays small (etcd objects are limited to 1.5 MiB).
@@ -16,6 +19,7 @@ the checkpoint) stay visible. About 200 x 100 bytes: the status stays small (etc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -123,3 +127,46 @@ def record(history: History | None, scraped: Progress, *, attempt: int) -> Histo
             point_e = EvalPoint(attempt, scraped.step or (last_eval.step if last_eval else 0), scraped.eval_loss)
             h = replace(h, eval=thin((*h.eval, point_e), MAX_EVAL_POINTS))
     return h
+
+
+def _merge(points: tuple[P, ...], attempt: int, extra: list[P], fill: Callable[[P, P], P]) -> tuple[P, ...]:
+    """``points`` with ``extra`` points of ``attempt`` merged in step order: a step already recorded keeps its point,
+    with ``fill(old, new)``'s values; the attempt's points stay last (it is the newest)."""
+    ours: dict[int, P] = {p.step: p for p in points if p.attempt == attempt}
+    for p in extra:
+        ours[p.step] = fill(ours[p.step], p) if p.step in ours else p
+    others: list[P] = [p for p in points if p.attempt != attempt]
+    return tuple(others + [ours[s] for s in sorted(ours)])
+
+
+def record_result(history: History | None, result: dict[str, Any], *, attempt: int) -> History:
+    """``history`` completed from rank 0's summary of a succeeded run (the trainer's ``result.json``, through its
+    termination message): its logged losses ``[step, loss]`` and evaluations ``[step, loss]`` fill in the attempt's
+    curve between and after the scrapes (which see a step every few seconds and miss the last ones); a step already
+    recorded keeps its throughput and learning rate and gains the logged loss. Then thinned as always."""
+    h = history or History()
+
+    def pairs(key: str) -> list[tuple[int, float]]:
+        out = []
+        for item in result.get(key) or []:
+            if isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[1], int | float):
+                out.append((int(item[0]), float(item[1])))
+        return out
+
+    sps = result.get("samplesPerSecond")
+    train = [TrainPoint(attempt, s, loss) for s, loss in pairs("loss")]
+    if train and isinstance(sps, int | float):
+        train[-1] = replace(train[-1], samples_per_second=float(sps))
+    evals = [EvalPoint(attempt, s, loss) for s, loss in pairs("eval")]
+    merged_train = _merge(
+        h.train,
+        attempt,
+        train,
+        lambda old, new: replace(
+            old,
+            loss=new.loss,
+            samples_per_second=old.samples_per_second if new.samples_per_second is None else new.samples_per_second,
+        ),
+    )
+    merged_eval = _merge(h.eval, attempt, evals, lambda old, new: new)
+    return History(thin(merged_train, MAX_TRAIN_POINTS), thin(merged_eval, MAX_EVAL_POINTS))

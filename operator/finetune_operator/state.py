@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from finetune_operator.builders import JobRef
-from finetune_operator.failures import Failure, WaitingProblem, classify_pod, waiting_problem
+from finetune_operator.failures import Failure, WaitingProblem, classify_pod, completion_result, waiting_problem
 from finetune_operator.kueue import QUEUE_LABEL, is_kueue_gate
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
 from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
@@ -83,6 +83,8 @@ class PodState:
     finalizers: bool = False  # metadata.finalizers holds something (a deletion then waits for it)
     gated: bool = False  # held by Kueue's scheduling gates: queued, not admitted yet
     queue: str | None = None  # the LocalQueue Kueue queues it in (its label: spec.queueName, or Kueue's default)
+    # failures.completion_result: rank 0's summary of a succeeded run (not part of the pod's identity or hash)
+    result: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     @property
     def deleting(self) -> bool:
@@ -122,6 +124,7 @@ def read_pod(wire: dict[str, Any]) -> PodState:
         finalizers=bool(meta.get("finalizers")),
         gated=any(is_kueue_gate(str(g.get("name"))) for g in (wire.get("spec") or {}).get("schedulingGates") or []),
         queue=labels.get(QUEUE_LABEL),
+        result=completion_result(wire),
     )
 
 

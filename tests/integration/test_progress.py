@@ -1,4 +1,5 @@
-"""Progress flows from rank 0's metrics endpoint into typed status and the `kubectl get ftj` columns.
+"""Progress flows from rank 0's metrics endpoint into typed status, its curves (status.history, completed from rank 0's
+termination message when the job succeeds) and the `kubectl get ftj` columns.
 
 Real: the API server, the operator (a subprocess that scrapes over HTTP) and the trainer's own metrics
 exporter (finetune_trainer.metrics, served on 127.0.0.1:9400). Mocked: the kubelet (FakeKubelet reports
@@ -7,10 +8,12 @@ rank 0's podIP as 127.0.0.1), since no kubelet can run here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 from finetune_operator.render import curve_rows
+from finetune_trainer.errors import REASON_COMPLETED, result_summary
 
 from tests.integration.harness import FakeKubelet, Jobs, OperatorProcess, make_job
 from tests.waiting import wait_for
@@ -82,12 +85,35 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
         ]
         assert hist["eval"] == [{"attempt": 0, "step": 7, "evalLoss": 0.4321}]
         assert dict(curve_rows(hist))["Loss"] == "█▁  2.5 → 2 (steps 7-9)"
-        # Every rank exits 0 before rank 0 is scraped again: the finished job shows its last step, not step 9.
-        for r in (0, 1):
-            kubelet.exit(f"prog-node-{r}", 0)
+        # Every rank exits 0 before rank 0 is scraped again: the finished job shows its last step, not step 9, and
+        # its curves end where training did: rank 0's termination message carries the losses and evaluations of its
+        # result.json (written by the trainer's own function), which fill in what the scrapes did not see.
+        summary = result_summary(
+            {
+                "steps": 20,
+                "attempt": 0,
+                "samples_per_second": 26.0,
+                "loss_history": [[5, 2.7], [10, 1.9], [15, 1.6], [20, 1.4]],
+                "eval_history": [{"step": 10, "loss": 0.5}, {"step": 20, "loss": 0.41}],
+            }
+        )
+        completed = json.dumps({"reason": REASON_COMPLETED, "message": "trained to step 20", "result": summary})
+        kubelet.exit("prog-node-0", 0, message=completed)
+        kubelet.exit("prog-node-1", 0)
         jobs.wait_state("prog", "Succeeded")
         row = cluster.run_kubectl("get", "ftj", "prog", "-n", namespace, "-o", "wide").splitlines()[1].split()
         assert row[1:3] == ["Succeeded", "AllRanksSucceeded"] and row[6] == "20/20" and row[8] == "0s", row
+        hist = jobs.status("prog")["history"]
+        assert [(p["step"], p["loss"]) for p in hist["train"]] == [
+            (5, 2.7),
+            (7, 2.5),
+            (9, 2.0),
+            (10, 1.9),
+            (15, 1.6),
+            (20, 1.4),
+        ], hist["train"]
+        assert hist["train"][1]["samplesPerSecond"] == 25.0 and hist["train"][-1]["samplesPerSecond"] == 26.0
+        assert [(p["step"], p["evalLoss"]) for p in hist["eval"]] == [(7, 0.4321), (10, 0.5), (20, 0.41)]
     finally:
         op.stop()
 

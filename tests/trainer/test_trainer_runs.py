@@ -115,7 +115,11 @@ def test_single_node_trains_loss_goes_down(eager_run: dict) -> None:
     assert all(set(e) == {"step", "loss", "accuracy", "f1"} for e in evals), evals
     assert all(0 <= e["accuracy"] <= 1 and 0 <= e["f1"] <= 1 and math.isfinite(e["loss"]) for e in evals), evals
     assert (eager_run["output"] / "model" / "config.json").exists()
-    assert eager_run["node"].termination() is None  # only failures write it
+    # On success rank 0's termination message carries the end of its curves (the operator's status.history).
+    completed = eager_run["node"].termination()
+    assert completed["reason"] == "Completed" and completed["result"]["steps"] == STEPS, completed
+    assert completed["result"]["loss"] == [[s, float(f"{v:.6g}")] for s, v in result["loss_history"]]
+    assert completed["result"]["eval"] == [[e["step"], float(f"{e['loss']:.6g}")] for e in evals]
 
 
 def test_retention_keeps_newest_k_complete(eager_run: dict) -> None:

@@ -91,3 +91,59 @@ def test_status_draws_each_series_with_restarts_marked() -> None:
     assert "Eval loss" not in rows  # one evaluation is not a curve
     assert sparkline([[3.0, 2.0, 1.0]]) == "█▅▁" and sparkline([[1.0, 1.0]]) == "▁▁"
     assert len(sparkline([[float(i) for i in range(1000)]], width=40)) <= 40
+
+
+def test_a_success_fills_in_the_curves_from_rank_0s_result() -> None:
+    """Rank 0's summary of result.json (its termination message) adds the logged losses and evaluations the scrapes
+    missed, in step order within the attempt; a scraped step keeps its throughput and takes the logged loss; earlier
+    attempts are left as they were."""
+    h = History(
+        train=(TrainPoint(0, 4, 3.0, 10.0), TrainPoint(1, 2, 2.9, 11.0, 1e-4), TrainPoint(1, 7, 2.2, 12.0, 9e-5)),
+        eval=(EvalPoint(1, 7, 2.5),),
+    )
+    result = {"steps": 12, "samplesPerSecond": 12.5, "loss": [[5, 2.6], [7, 2.25], [12, 1.9]], "eval": [[12, 2.0]]}
+    done = history.record_result(h, result, attempt=1)
+    assert done.train == (
+        TrainPoint(0, 4, 3.0, 10.0),
+        TrainPoint(1, 2, 2.9, 11.0, 1e-4),
+        TrainPoint(1, 5, 2.6),
+        TrainPoint(1, 7, 2.25, 12.0, 9e-5),
+        TrainPoint(1, 12, 1.9, 12.5),
+    )
+    assert done.eval == (EvalPoint(1, 7, 2.5), EvalPoint(1, 12, 2.0))
+    assert history.record_result(None, {"loss": [["x"], [3, "nan?"]], "eval": None}, attempt=0) == History()
+    long = {"loss": [[s, 1.0] for s in range(1, 400)]}
+    assert len(history.record_result(h, long, attempt=1).train) == MAX_TRAIN_POINTS
+
+
+def test_the_trainers_summary_fits_a_termination_message_and_the_operator_reads_it() -> None:
+    """The trainer's side (finetune_trainer.errors.result_summary, written by rank 0 on success) and the operator's
+    (failures.completion_result on the succeeded pod) of the same contract."""
+    import json
+
+    from finetune_operator.failures import completion_result
+    from finetune_trainer.errors import MAX_MESSAGE_CHARS, REASON_COMPLETED, result_summary
+
+    result = {
+        "steps": 5000,
+        "attempt": 2,
+        "samples_per_second": 123.456789,
+        "loss_history": [[s, 1 / s] for s in range(5, 5001, 5)] + [[5000, float("nan")]],
+        "eval_history": [{"step": s, "loss": 2 / s, "accuracy": 0.5} for s in range(100, 5001, 100)],
+    }
+    summary = result_summary(result)
+    assert len(summary["loss"]) == 64 and summary["loss"][0] == [5, 0.2] and summary["loss"][-1] == [5000, 0.0002]
+    assert len(summary["eval"]) == 16 and summary["eval"][-1] == [5000, 0.0004]
+    assert summary["samplesPerSecond"] == 123.457 and (summary["steps"], summary["attempt"]) == (5000, 2)
+    message = json.dumps({"reason": REASON_COMPLETED, "message": "trained to step 5000", "result": summary})
+    assert len(message) < MAX_MESSAGE_CHARS
+    pod = {
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": message}}}],
+        }
+    }
+    assert completion_result(pod) == summary
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = "plain text from an older image"
+    assert completion_result(pod) is None
+    assert completion_result({"status": {"phase": "Failed"}}) is None

@@ -1,10 +1,12 @@
-"""Exit codes, failure reasons and the termination log: what the operator reads when a pod fails."""
+"""Exit codes, failure reasons and the termination log: what the operator reads when a pod ends (why it failed, or
+on rank 0's success the end of its curves)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from typing import Final
+from typing import Any, Final
 
 EXIT_OK: Final = 0
 EXIT_TRAINING_ERROR: Final = 1
@@ -22,6 +24,10 @@ REASON_TERMINATED: Final = "Terminated"
 REASON_EXPORT: Final = "ExportFailed"
 REASON_CUDA_OOM: Final = "CUDAOutOfMemory"
 REASON_OUTPUT_FULL: Final = "OutputFull"
+REASON_COMPLETED: Final = "Completed"
+# The points of a success's curves in the termination log (kept under MAX_MESSAGE_CHARS with room to spare).
+MAX_RESULT_LOSS_POINTS: Final = 64
+MAX_RESULT_EVAL_POINTS: Final = 16
 
 REASON_BY_EXIT: Final = {
     EXIT_TRAINING_ERROR: REASON_TRAINING,
@@ -67,13 +73,51 @@ class RendezvousTimeout(Exception):
     """The preflight could not reach rank 0 in time (exit 75)."""
 
 
-def write_termination_log(reason: str, message: str, path: str | None = None) -> None:
-    """Write ``{"reason", "message"}`` for the operator; silently skip when the path is not writable."""
+def write_termination_log(
+    reason: str, message: str, path: str | None = None, *, result: dict[str, Any] | None = None
+) -> None:
+    """Write ``{"reason", "message"}`` (and rank 0's ``result`` summary on success: :func:`result_summary`) for the
+    operator; silently skip when the path is not writable."""
     path = path or os.environ.get("FINETUNE_TERMINATION_LOG", DEFAULT_TERMINATION_LOG)
     if len(message) > MAX_MESSAGE_CHARS:
         message = "…" + message[-(MAX_MESSAGE_CHARS - 1) :]
+    record: dict[str, Any] = {"reason": reason, "message": message}
+    if result is not None:
+        record["result"] = result
     try:
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({"reason": reason, "message": message}, f)
+            json.dump(record, f, separators=(",", ":"))
     except OSError:
         pass
+
+
+def _evenly(points: list[Any], limit: int) -> list[Any]:
+    """At most ``limit`` of ``points``, evenly spread, the first and the last always kept."""
+    if len(points) <= limit:
+        return points
+    picks = sorted({round(i * (len(points) - 1) / (limit - 1)) for i in range(limit)})
+    return [points[i] for i in picks]
+
+
+def _num(v: Any) -> float | None:
+    return float(f"{v:.6g}") if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def result_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """What the operator adds to ``status.history`` when the job succeeds, from ``result.json``: the final step and
+    attempt, the job's steady samples/s, the logged losses ``[step, loss]`` (at most :data:`MAX_RESULT_LOSS_POINTS`,
+    evenly spread, the last one kept) and the evaluations ``[step, loss]`` (at most :data:`MAX_RESULT_EVAL_POINTS`).
+    About 2 KB at most: the termination message keeps 4 KB."""
+    losses = [[int(s), v] for s, loss in result.get("loss_history") or [] if (v := _num(loss)) is not None]
+    evals = [
+        [int(e["step"]), v]
+        for e in result.get("eval_history") or []
+        if e.get("step") is not None and (v := _num(e.get("loss"))) is not None
+    ]
+    return {
+        "steps": result.get("steps"),
+        "attempt": result.get("attempt"),
+        "samplesPerSecond": _num(result.get("samples_per_second")),
+        "loss": _evenly(losses, MAX_RESULT_LOSS_POINTS),
+        "eval": _evenly(evals, MAX_RESULT_EVAL_POINTS),
+    }

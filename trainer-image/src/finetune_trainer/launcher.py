@@ -306,6 +306,21 @@ def run() -> int:
         podlog.close_active()
 
 
+def _write_completion(config: Config) -> None:
+    """Rank 0's success in the termination log: the end of the job's curves from result.json, for status.history
+    (the operator's scrapes, every few seconds, miss the last steps)."""
+    try:
+        with open(config.result_path, encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError) as e:
+        log.warning("result.json unreadable, the status's curves end at the last scrape: %s", e)
+        return
+    summary = errors.result_summary(result)
+    errors.write_termination_log(
+        errors.REASON_COMPLETED, f"trained to step {summary['steps']} in attempt {summary['attempt']}", result=summary
+    )
+
+
 def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, launch_time: float) -> int:
     """From a valid config on: the shared cache, the preflight, torchrun, the exports."""
     forwarder.phase = "shared cache"
@@ -348,6 +363,7 @@ def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, launc
             export.run_exports(config)
         except export.ExportError as e:
             return _fail(errors.EXIT_EXPORT_FAILED, str(e))
+        _write_completion(config)
         return 0
     if forwarder.signalled or (stopped_together and not message):
         from finetune_trainer.checkpoints import latest_complete
