@@ -42,3 +42,20 @@ def test_trainer_metrics_match_the_chart_list() -> None:
     assert {n for n, (t, _) in fams.items() if t == "histogram"} == names.TRAINER_HISTOGRAMS
     for _, labels in fams.values():
         assert labels == names.TRAINER_LABELS
+
+
+def test_the_exporter_imports_without_transformers() -> None:
+    """The trainer's Prometheus exporter (and its callback's module) import without transformers: the unit tier and
+    tools that read the metric names do not pay for loading the Hugging Face stack."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "from finetune_trainer.metrics import MetricsCallback, TrainerMetrics\n"
+        "m = TrainerMetrics(namespace='n', job='j', node_rank=0); m.step.set(3)\n"
+        "from prometheus_client import generate_latest\n"
+        "assert b'finetune_train_step{' in generate_latest(m.registry), 'no step gauge'\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -22,7 +22,12 @@ from collections import deque
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from transformers import TrainerCallback
+
+try:
+    from transformers import TrainerCallback
+except ModuleNotFoundError:  # without transformers there is no Trainer to register the callback with; the exporter
+    # (TrainerMetrics: what the operator's tests and tools read) still imports, in a fraction of the time
+    TrainerCallback = object  # type: ignore[misc,assignment]
 
 from finetune_trainer.evaluation import summarize
 

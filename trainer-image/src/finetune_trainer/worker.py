@@ -338,7 +338,61 @@ def init_cpu_process_group(timeout_seconds: int) -> None:
         log.info("process group: gloo, collectives time out after %ss (ddp_timeout)", timeout_seconds)
 
 
-def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -> int:
+@dataclass
+class Setup:
+    """Phase 1: the hardware, the acceleration and precision, the process group, the metrics and the checkpoint
+    every rank resumes from."""
+
+    cuda: bool
+    hardware: str
+    kind: str  # the acceleration (``auto`` is settled again once model and data are known)
+    why: str
+    backend: accel.Backend
+    precision: str
+    args: Any  # TrainingArguments
+    control_group: Any  # a gloo group beside NCCL, or None
+    metrics: TrainerMetrics
+    resume: Any  # the agreed checkpoint, or None
+    resume_fallbacks: int
+    phases: dict[str, float]  # start-up seconds by phase, for result.json
+
+
+@dataclass
+class Data:
+    """Phase 2: the tokenized (or, for SFT, checked) training and evaluation splits."""
+
+    train: Any
+    eval: Any  # None without evaluation
+    sft: bool  # TRL's SFTTrainer renders and tokenizes the rows itself
+    labels: list[str] | None  # sequence classification: the label names by id
+    mean_train_tokens: float  # per row, when ``auto`` weighs the workload (else 0)
+
+
+@dataclass
+class Model:
+    """Phase 3: the model (with its adapters) and its parameter count."""
+
+    model: Any
+    params: int
+
+
+@dataclass
+class Built:
+    """Phase 4: the Trainer (of the backend's, or TRL's SFTTrainer) with our callbacks."""
+
+    trainer: Any
+    metrics_cb: MetricsCallback
+
+
+@dataclass
+class Run:
+    """Phase 5: what ``Trainer.train`` returned and how long it ran."""
+
+    output: Any
+    runtime: float
+
+
+def set_up(config: Config, ident: Identity, launch_time: float) -> Setup:
     import torch
     import torch.distributed as dist
 
@@ -379,16 +433,20 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     if resume is not None:
         metrics.checkpoint_last_step.set(resume.step)
         log.info("resuming from %s", resume.path)
+    return Setup(
+        cuda, hardware, kind, why, backend, precision, args, control_group, metrics, resume, resume_fallbacks, phases
+    )
 
-    tokenizer = load_tokenizer(config)
+
+def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) -> Data:
     sft = data.uses_sft(config)
     evaluate = bool(config.dataset.eval_split and config.training.eval_strategy != "no")
     splits = [config.dataset.split] + ([config.dataset.eval_split] if evaluate else [])
     prepared: list[Any] = []
     mean_tokens: list[float] = []  # per split, the training split's first
-    weigh = config.acceleration == "auto" and accel.weighs_workload(hardware)
+    weigh = config.acceleration == "auto" and accel.weighs_workload(setup.hardware)
     label_ids, labels = (None, None)
-    with args.main_process_first(desc="load and tokenize the dataset"):
+    with setup.args.main_process_first(desc="load and tokenize the dataset"):
         for split in splits:
             raw = data.load_split(config, split)
             data.check_columns(config, list(raw.column_names))
@@ -400,52 +458,72 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                     label_ids, labels = data.label_mapping(raw.unique(config.dataset.label_field))
                 prepared.append(data.tokenize(config, raw, tokenizer, label_ids))
                 mean_tokens.append(mean_row_tokens(prepared[-1]) if weigh else 0.0)
-    train_ds, eval_ds = prepared[0], (prepared[1] if evaluate else None)
-    if len(train_ds) == 0:
+    if len(prepared[0]) == 0:
         raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
+    setup.phases["data_seconds"] = time.time() - launch_time - sum(setup.phases.values())
+    return Data(prepared[0], prepared[1] if evaluate else None, sft, labels, mean_tokens[0])
 
-    phases["data_seconds"] = time.time() - launch_time - sum(phases.values())
-    model = load_model(
-        config, backend, tokenizer, labels, device=f"cuda:{ident.local_rank}" if cuda else None, precision=precision
-    )
+
+def load_the_model(
+    config: Config, ident: Identity, setup: Setup, *, tokenizer: Any, ds: Data, launch_time: float
+) -> Model:
+    """The model, then ``auto`` settled with the workload known (the backend and arguments may change)."""
+    device = f"cuda:{ident.local_rank}" if setup.cuda else None
+    model = load_model(config, setup.backend, tokenizer, ds.labels, device=device, precision=setup.precision)
     params = sum(p.numel() for p in model.parameters())
-    phases["model_seconds"] = time.time() - launch_time - sum(phases.values())
-    if weigh:
+    setup.phases["model_seconds"] = time.time() - launch_time - sum(setup.phases.values())
+    if config.acceleration == "auto" and accel.weighs_workload(setup.hardware):
         load = workload(
             config,
             ident,
             params=params,
-            train_rows=len(train_ds),
-            mean_row_tokens=config.training.max_seq_length if config.training.packing else mean_tokens[0],
-            done_steps=resume.step if resume else 0,
+            train_rows=len(ds.train),
+            mean_row_tokens=config.training.max_seq_length if config.training.packing else ds.mean_train_tokens,
+            done_steps=setup.resume.step if setup.resume else 0,
         )
-        kind, why = accel.explain_acceleration("auto", hardware, load)
-        if kind != backend.name:
-            backend = accel.make_backend(kind)
-            args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    optimizer = str(getattr(args.optim, "value", args.optim))  # an OptimizerNames enum on current transformers
+        setup.kind, setup.why = accel.explain_acceleration("auto", setup.hardware, load)
+        if setup.kind != setup.backend.name:
+            setup.backend = accel.make_backend(setup.kind)
+            setup.args = build_training_args(config, setup.backend, ident, cuda=setup.cuda, precision=setup.precision)
+    return Model(model, params)
+
+
+def build_trainer(
+    config: Config,
+    ident: Identity,
+    setup: Setup,
+    *,
+    tokenizer: Any,
+    ds: Data,
+    m: Model,
+    stop: StopFlag,
+    launch_time: float,
+) -> Built:
+    import torch
+
+    precision, args = setup.precision, setup.args
+    attention = getattr(getattr(m.model, "config", None), "_attn_implementation", None)
     log.info(
         "rank %d/%d (node %d): task=%s acceleration=%s (%s) precision=%s attention=%s optim=%s",
         ident.rank,
         ident.world_size,
         ident.node_rank,
         config.task,
-        kind,
-        why,
+        setup.kind,
+        setup.why,
         precision,
         attention,
-        optimizer,
+        optimizer_name(args),
     )
-    device_name = torch.cuda.get_device_name(0) if cuda else None
+    device_name = torch.cuda.get_device_name(0) if setup.cuda else None
     # SFTTrainer builds its own collator (completion / assistant masks, packing): it is wrapped once the trainer exists.
-    counter = BatchCounter(None if sft else make_collator(config, tokenizer, static_shapes=kind == "compile"))
+    counter = BatchCounter(None if ds.sft else make_collator(config, tokenizer, static_shapes=setup.kind == "compile"))
     metrics_cb = MetricsCallback(
-        metrics,
+        setup.metrics,
         counter,
         nproc_per_node=ident.nproc_per_node,
         launch_time=launch_time,
-        params=params,
+        params=m.params,
         peak_flops_per_device=peak_flops(device_name, precision),
         task=config.task,
     )
@@ -453,36 +531,70 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         stop,
         root=config.checkpoints_dir,
         keep=config.training.keep_checkpoints,
-        metrics=metrics,
-        control_group=control_group,
+        metrics=setup.metrics,
+        control_group=setup.control_group,
     )
-    trainer_cls = backend.classes()[0]
-    if sft:
+    trainer_cls = setup.backend.classes()[0]
+    if ds.sft:
         from trl import SFTTrainer
 
         trainer_cls = SFTTrainer
     trainer_cls = compat.eval_without_collator_wrapper(compat.cpu_resumable(trainer_cls))
-    classify = config.task == "sequence-classification" and eval_ds is not None
+    classify = config.task == "sequence-classification" and ds.eval is not None
     trainer = trainer_cls(
-        model=model,
+        model=m.model,
         args=args,
-        train_dataset=train_ds,
-        eval_dataset=eval_ds,
-        data_collator=None if sft else counter,
+        train_dataset=ds.train,
+        eval_dataset=ds.eval,
+        data_collator=None if ds.sft else counter,
         callbacks=[metrics_cb, ckpt_cb],
         compute_metrics=evaluation.classification_metrics if classify else None,
         preprocess_logits_for_metrics=evaluation.argmax_logits if classify else None,
         **compat.tokenizer_kwarg(trainer_cls, tokenizer),
     )
-    if sft:
+    if ds.sft:
         counter.collator, trainer.data_collator = trainer.data_collator, counter
+    return Built(trainer, metrics_cb)
+
+
+def optimizer_name(args: Any) -> str:
+    return str(getattr(args.optim, "value", args.optim))  # an OptimizerNames enum on current transformers
+
+
+def run_training(built: Built, setup: Setup, ds: Data, stop: StopFlag) -> Run:
+    """``Trainer.train`` from the agreed checkpoint, then the final model's evaluation unless the schedule just did
+    it (a collective: every rank)."""
+    trainer = built.trainer
     started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=resume.path if resume else None)
+    output = trainer.train(resume_from_checkpoint=setup.resume.path if setup.resume else None)
     runtime = time.perf_counter() - started
-    history = metrics_cb.eval_history
-    if eval_ds is not None and not stop.agreed and (not history or history[-1]["step"] != trainer.state.global_step):
-        trainer.evaluate()  # the final model's evaluation, unless the schedule just did it (collective: every rank)
-    state = trainer.state
+    history = built.metrics_cb.eval_history
+    if ds.eval is not None and not stop.agreed and (not history or history[-1]["step"] != trainer.state.global_step):
+        trainer.evaluate()
+    return Run(output, runtime)
+
+
+def save_results(
+    config: Config,
+    ident: Identity,
+    setup: Setup,
+    *,
+    tokenizer: Any,
+    ds: Data,
+    m: Model,
+    built: Built,
+    run: Run,
+    stop: StopFlag,
+) -> int:
+    """Every rank's record, then (unless a SIGTERM stopped the run) the final model, retention and rank 0's
+    result.json; the exit code."""
+    import torch
+    import torch.distributed as dist
+
+    trainer, metrics_cb, state = built.trainer, built.metrics_cb, built.trainer.state
+    output, runtime, cuda, precision = run.output, run.runtime, setup.cuda, setup.precision
+    resume, phases, kind, why = setup.resume, setup.phases, setup.kind, setup.why
+    attention = getattr(getattr(m.model, "config", None), "_attn_implementation", None)
     losses = [(h["step"], h["loss"]) for h in state.log_history if "loss" in h]
 
     fsdp = config.training.sharding == "fsdp"
@@ -514,8 +626,8 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
         tokenizer=tokenizer,
         ident=ident,
         full_state=full_state,
-        backend=backend,
-        labels=labels,
+        backend=setup.backend,
+        labels=ds.labels,
         precision=precision,
     )
     if ident.rank == 0:
@@ -544,16 +656,16 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
                 "warmup_seconds": metrics_cb.first_step_seconds,
                 "startup": {k: round(v, 3) for k, v in phases.items()},
                 "resumed_from_step": resumed_from,
-                "resume_fallbacks": resume_fallbacks,
+                "resume_fallbacks": setup.resume_fallbacks,
                 "acceleration": kind,
                 "acceleration_requested": config.acceleration,
                 "acceleration_reason": why,
                 "attention": attention,
-                "optimizer": optimizer,
+                "optimizer": optimizer_name(setup.args),
                 "precision": precision,
                 "world_size": ident.world_size,
                 "attempt": ident.attempt,
-                "params": params,
+                "params": m.params,
                 "params_sha256": checksum,
                 "sharding": config.training.sharding,
                 # the peak of rank 0's GPU; null on CPU
@@ -565,9 +677,20 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
             },
         )
     if dist.is_initialized():
-        dist.barrier(group=control_group)
+        dist.barrier(group=setup.control_group)
     log.info("done: %d steps, final loss %.4f", state.global_step, final_loss if final_loss is not None else math.nan)
     return 0
+
+
+def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -> int:
+    """The worker's main path, in phases: set-up, data, model, trainer construction, run, results."""
+    setup = set_up(config, ident, launch_time)
+    tokenizer = load_tokenizer(config)
+    ds = load_data(config, setup, tokenizer, launch_time)
+    m = load_the_model(config, ident, setup, tokenizer=tokenizer, ds=ds, launch_time=launch_time)
+    built = build_trainer(config, ident, setup, tokenizer=tokenizer, ds=ds, m=m, stop=stop, launch_time=launch_time)
+    run = run_training(built, setup, ds, stop)
+    return save_results(config, ident, setup, tokenizer=tokenizer, ds=ds, m=m, built=built, run=run, stop=stop)
 
 
 @record
