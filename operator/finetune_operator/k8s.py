@@ -135,6 +135,17 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 CREATED, EXISTS, FOREIGN, TAKEN = "created", "exists", "foreign", "taken"
 
 
+def status_body(job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """What a status PUT sends: apiVersion, kind, the identity and version the write is conditioned on, the status."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": job["apiVersion"],
+        "kind": job["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "resourceVersion": meta["resourceVersion"]},
+        "status": status,
+    }
+
+
 def _controller_uid(obj: dict[str, Any]) -> str | None:
     refs = obj["metadata"].get("ownerReferences") or []
     return next((r.get("uid") for r in refs if r.get("controller")), None)
@@ -325,19 +336,11 @@ class Kube:
 
     def replace_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """PUT the status subresource with the job's resourceVersion (optimistic concurrency): a job changed or
-        deleted since it was read raises :class:`Conflict`."""
+        deleted since it was read raises :class:`Conflict`. The body is the status and the identity only: the API
+        server keeps everything but the status from the stored object, so sending the spec (up to a whole
+        manifest, on every write) would only cost bandwidth and etcd-size parsing."""
         meta = job["metadata"]
-        body = {
-            "apiVersion": job["apiVersion"],
-            "kind": job["kind"],
-            "metadata": {
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "resourceVersion": meta["resourceVersion"],
-            },
-            "spec": job.get("spec"),
-            "status": status,
-        }
+        body = status_body(job, status)
         resp = self._request(
             "update", "PUT", _jobs(meta["namespace"], meta["name"]) + "/status", body=body, conflict=(404, 409)
         )

@@ -50,3 +50,24 @@ def test_jobs_are_listed_in_pages(cluster, namespace) -> None:  # type: ignore[n
     names = sorted(j["metadata"]["name"] for j in kube.list_jobs(namespace, page=2))
     assert names == [f"p{i}" for i in range(5)]
     assert kube.requests["list"] - before == 3
+
+
+def test_a_status_write_sends_the_status_only_and_keeps_the_spec(cluster, namespace) -> None:  # type: ignore[no-untyped-def]
+    """The status PUT carries no spec (the API server keeps the stored one): the spec is untouched, the status is
+    written, and a write conditioned on a version read before another change is refused (Conflict)."""
+    from finetune_operator.k8s import Conflict, status_body
+
+    from tests.integration.harness import Jobs, make_job
+
+    api = config.new_client_from_config(config_file=cluster.kubeconfig)
+    kube = Kube(api)
+    Jobs(api, namespace).create(make_job("st").nodes(2).build())
+    job = kube.get_job(namespace, "st")
+    assert job is not None
+    assert "spec" not in status_body(job, {"state": "Created"})
+    written = kube.replace_status(job, {"state": "Created", "attempt": 0})
+    assert written["status"]["state"] == "Created" and written["spec"] == job["spec"]
+    stored = kube.get_job(namespace, "st")
+    assert stored is not None and stored["spec"]["nodes"] == 2 and stored["status"]["attempt"] == 0
+    with pytest.raises(Conflict):
+        kube.replace_status(job, {"state": "Running"})  # job's resourceVersion is older than the write above
