@@ -70,6 +70,9 @@ class Controller:
         self._pool = ThreadPoolExecutor(max_workers=BACKSTOP_WORKERS, thread_name_prefix="backstop")
         self.last_tick = time.monotonic()  # the backstop loop's heartbeat (healthy())
         self._states: dict[Key, str] = {}
+        # Jobs forgotten (their DELETED event) while a pass of theirs ran: that pass leaves no state behind (the
+        # jobs gauge would count a ghost). Emptied as each pass ends, so it holds in-flight passes only.
+        self._forgotten: set[Key] = set()
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
         # Rank 0's metrics, read off the reconcile path (finetune_operator.scrape); a finished scrape asks for a pass.
         self.scraper = Scraper(interval=settings.progress_interval_seconds, on_done=lambda key: self.requeue(key, 0))
@@ -98,6 +101,8 @@ class Controller:
             self._due.pop(key, None)
             self._dirty.discard(key)
             self._states.pop(key, None)
+            if (lock := self._locks.get(key)) is not None and lock.locked():
+                self._forgotten.add(key)
             self._passed.pop(key, None)
         self._export_states(key[0])
 
@@ -162,6 +167,7 @@ class Controller:
             finally:
                 with self._guard:
                     self._passed[key] = time.monotonic()
+                    self._forgotten.discard(key)
             return None
 
     def _reconcile(self, key: Key, job: dict[str, Any] | None) -> Plan | None:
@@ -375,7 +381,8 @@ class Controller:
         if new_state != job.status.state:
             log.info("%s/%s: %s -> %s", namespace, name, job.status.state, new_state)
         with self._guard:
-            self._states[key] = new_state
+            if key not in self._forgotten:
+                self._states[key] = new_state
         self._export_states(namespace)
         if plan.requeue_after is not None:
             self.requeue(key, plan.requeue_after)

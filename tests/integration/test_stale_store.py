@@ -120,3 +120,29 @@ def test_a_delete_that_finds_its_pod_gone_lists_again(controller, api_client, na
     store.forget_job(key)
     _pass(controller, *key)
     assert store.pods(key) is None  # the 404 made the store list again
+
+
+def test_a_job_deleted_while_its_pass_runs_leaves_no_state_behind(controller, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    """The job's DELETED event arrives (kopf calls forget) while a pass of that job is writing its status: the pass
+    must not put the job's state back afterwards, or the jobs gauge counts a job that no longer exists."""
+    jobs, key = Jobs(api_client, namespace), (namespace, "gone")
+    jobs.create(make_job("gone").build())
+    real_write = controller.kube.replace_status
+
+    def write_then_deleted(job, status):  # type: ignore[no-untyped-def]
+        written = real_write(job, status)
+        controller.forget(key)  # the watch's DELETED event, handled on kopf's loop while this pass still runs
+        return written
+
+    controller.kube.replace_status = write_then_deleted  # type: ignore[method-assign]
+    _pass(controller, *key)
+    assert key not in controller._states
+    samples = {
+        s.labels["state"]: s.value
+        for m in controller.metrics.registry.collect()
+        if m.name == "finetune_operator_jobs"
+        for s in m.samples
+        if s.labels.get("finetune_namespace") == namespace
+    }
+    assert not any(samples.values()), samples
+    assert not controller._forgotten  # only in-flight passes are remembered
