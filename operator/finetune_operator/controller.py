@@ -424,14 +424,15 @@ class Controller:
             self.store.invalidate()
         for ns in namespaces:
             listed_at = time.monotonic()
-            jobs = self.kube.list_jobs(ns) if listing else self.store.jobs(ns)  # type: ignore[union-attr]
+            jobs, list_version = self.kube.list_jobs_at(ns) if listing else (self.store.jobs(ns), 0)  # type: ignore[union-attr]
             if listing and self.store is not None:
                 listed = {(j["metadata"]["namespace"], j["metadata"]["name"]) for j in jobs}
                 for job in jobs:
                     self.store.put_job(job)
                 for job in self.store.jobs(ns):  # deleted while a watch was down: no DELETED event came
                     key = (job["metadata"]["namespace"], job["metadata"]["name"])
-                    if key not in listed:
+                    # Not one a watch delivered after the list was taken (created since): it is no ghost.
+                    if key not in listed and not self.store.newer_than(key, list_version):
                         self.forget(key)  # its pods, scrape and state (and so its metric series) too
                 jobs = self.store.jobs(ns)  # a listed version older than a stored one loses
             for job in jobs:

@@ -11,6 +11,7 @@ writer makes this pass fail with :class:`Conflict` and the next pass recompute.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -225,8 +226,12 @@ class Kube:
     def list_jobs(self, namespace: str | None = None, *, page: int = LIST_PAGE) -> list[dict[str, Any]]:
         """Every FineTuneJob (of ``namespace``), read in pages of ``page``: one answer never holds thousands of large
         jobs at once, on the API server or here. A continue token that expired (410) starts the list again."""
+        return self.list_jobs_at(namespace, page=page)[0]
+
+    def list_jobs_at(self, namespace: str | None = None, *, page: int = LIST_PAGE) -> tuple[list[dict[str, Any]], int]:
+        """:meth:`list_jobs` and the resourceVersion of the snapshot it reflects (every page of one list shares it)."""
         items: list[dict[str, Any]] = []
-        token = ""
+        token, version = "", 0
         while True:
             query = {"limit": str(page), **({"continue": token} if token else {})}
             try:
@@ -236,10 +241,14 @@ class Kube:
                     raise
                 items, token = [], ""  # the snapshot the token pointed at was compacted: list from the start
                 continue
-            items.extend(body.get("items", []))
-            token = str((body.get("metadata") or {}).get("continue") or "")
+            meta = body.get("metadata") or {}
             if not token:
-                return items
+                with contextlib.suppress(TypeError, ValueError):
+                    version = int(meta.get("resourceVersion") or 0)
+            items.extend(body.get("items", []))
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, version
 
     def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """kopf's peering object: KopfPeering in a namespace, or the ClusterKopfPeering."""

@@ -53,15 +53,22 @@ class Store:
     # -- jobs ----------------------------------------------------------------------------------------
 
     def put_job(self, job: dict[str, Any]) -> bool:
-        """Store ``job`` unless an equal or newer version is stored; False when nothing changed (an echo of a
-        write this operator made, or a stale event)."""
+        """Store ``job`` unless an equal or newer version is stored, whatever its uid (resourceVersions are the
+        store's one sequence: a list taken before a job was deleted and created again must not put the dead uid
+        back); False when nothing changed (an echo of a write this operator made, or a stale event)."""
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
         with self._lock:
             held = self._jobs.get(key)
-            if held is not None and held["metadata"].get("uid") == job["metadata"].get("uid") and _rv(held) >= _rv(job):
+            if held is not None and _rv(held) >= _rv(job):
                 return False
             self._jobs[key] = job
             return True
+
+    def newer_than(self, key: Key, version: int) -> bool:
+        """The stored job is newer than ``version`` (a list's): it came from a watch event after that list."""
+        with self._lock:
+            held = self._jobs.get(key)
+            return held is not None and _rv(held) > version
 
     def job(self, key: Key) -> dict[str, Any] | None:
         with self._lock:

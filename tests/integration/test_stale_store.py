@@ -146,3 +146,19 @@ def test_a_job_deleted_while_its_pass_runs_leaves_no_state_behind(controller, ap
     }
     assert not any(samples.values()), samples
     assert not controller._forgotten  # only in-flight passes are remembered
+
+
+def test_a_resync_list_taken_before_a_job_was_created_forgets_nothing(controller, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    """The backstop's list of jobs is a snapshot; a job the watch delivered after it was taken is not in it, and is
+    not a ghost: the resync keeps it (and its pass) instead of forgetting it until its next event."""
+    jobs = Jobs(api_client, namespace)
+    jobs.create(make_job("early").build())
+    snapshot = controller.kube.list_jobs_at(namespace)
+    jobs.create(make_job("late").build())
+    assert controller.store is not None
+    controller.store.put_job(jobs.get("late"))  # what the watch delivered after the list
+    controller.kube.list_jobs_at = lambda ns, **_: snapshot  # type: ignore[method-assign,assignment,misc]
+    controller.resync()
+    assert controller.store.job((namespace, "late")) is not None
+    assert controller.store.job((namespace, "early")) is not None
+    wait_for(lambda: jobs.state("late") == "Created", timeout=20, what="the late job's pass (its pods created)")

@@ -37,7 +37,11 @@ def test_a_job_is_replaced_only_by_a_newer_version_and_an_echo_is_not_news() -> 
     assert store.put_job(job(5)) is False  # the watch echoing what a status write already stored
     assert store.put_job(job(4, state="Pending")) is False  # a late event never rolls back
     assert store.job(KEY)["status"]["state"] == "Running"  # type: ignore[index]
-    assert store.put_job(job(3, uid="u2")) is True  # a re-created job of the same name is a new object
+    assert store.put_job(job(9, uid="u2")) is True  # a re-created job of the same name: a new object, newer
+    # A list taken before the delete and re-create must not put the dead uid back: versions are one sequence.
+    assert store.put_job(job(5, uid="u1")) is False
+    assert store.job(KEY)["metadata"]["uid"] == "u2"  # type: ignore[index]
+    assert store.newer_than(KEY, 8) and not store.newer_than(KEY, 9)
     store.forget_job(KEY)
     assert store.job(KEY) is None
 
