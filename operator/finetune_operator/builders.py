@@ -425,9 +425,8 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         "automountServiceAccountToken": spec.pod_template.service_account_name is not None,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": settings.run_as_user,
-            "runAsGroup": settings.run_as_user,
-            "fsGroup": settings.fs_group,
+            **({"runAsUser": settings.run_as_user, "runAsGroup": settings.run_as_user} if settings.run_as_user else {}),
+            **({"fsGroup": settings.fs_group} if settings.fs_group else {}),
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],

@@ -64,6 +64,22 @@ def _json_env(name: str, kind: type, what: str) -> Any:
     return value
 
 
+def _id(name: str, default: int | None) -> int | None:
+    """A user or group ID: unset, the default; empty, none (the platform assigns it); else a number ≥ 1 (never root)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("", "none", "null"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: give a numeric ID (not 0: trainers never run as root), or empty") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r}: trainers never run as root; give an ID of 1 or more, or empty")
+    return value
+
+
 def _list(name: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in os.environ.get(name, "").split(",") if x.strip())
 
@@ -89,8 +105,10 @@ class Settings:
     metrics_port: int = 8080
     peering_lifetime_seconds: int = 60  # kopf peering: a crashed active replica blocks fail-over this long
     health_port: int = 8081
-    run_as_user: int = 1000
-    fs_group: int = 1000
+    # The trainer pods' user (and group) and fsGroup; None leaves them out for the platform to assign (OpenShift's
+    # restricted-v2 SCC gives each namespace a UID range and refuses a runAsUser outside it).
+    run_as_user: int | None = 1000
+    fs_group: int | None = 1000
     # Tenant guardrails (empty / 0: no limit).
     allowed_image_prefixes: tuple[str, ...] = ()
     allowed_priority_classes: tuple[str, ...] = ()
@@ -163,4 +181,6 @@ class Settings:
             trainer_tolerations=tuple(_json_env("FINETUNE_TRAINER_TOLERATIONS", list, "a JSON list of tolerations")),
             trainer_priority_class=os.environ.get("FINETUNE_TRAINER_PRIORITY_CLASS", ""),
             trainer_image_pull_secrets=_list("FINETUNE_TRAINER_IMAGE_PULL_SECRETS"),
+            run_as_user=_id("FINETUNE_TRAINER_RUN_AS_USER", cls.run_as_user),
+            fs_group=_id("FINETUNE_TRAINER_FS_GROUP", cls.fs_group),
         )

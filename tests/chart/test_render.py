@@ -364,6 +364,23 @@ def test_deployment_history_readiness_and_openshift_ids(helm: Helm) -> None:
     assert "readinessProbe" not in dep["spec"]["template"]["spec"]["containers"][0]
 
 
+def _trainer_ids(helm: Helm, values: dict[str, Any]) -> tuple[str, str]:
+    (dep,) = [d for d in helm.render(values) if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return env["FINETUNE_TRAINER_RUN_AS_USER"], env["FINETUNE_TRAINER_FS_GROUP"]
+
+
+def test_the_trainer_pods_ids_are_the_platforms_on_openshift(helm: Helm) -> None:
+    """The trainer pods' runAsUser/fsGroup (1000 by default) are values; OpenShift (or null) leaves them out, and
+    the operator then writes none into the pods (tests/unit: Settings and the pod builder)."""
+    assert _trainer_ids(helm, {}) == ("1000", "1000")
+    assert _trainer_ids(helm, {"trainer": {"runAsUser": 2000, "fsGroup": 3000}}) == ("2000", "3000")
+    assert _trainer_ids(helm, {"trainer": {"runAsUser": None}}) == ("", "1000")
+    assert _trainer_ids(helm, VALUE_SETS["hardened-openshift"]) == ("", "")
+    with pytest.raises(AssertionError, match="runAsUser"):  # the values schema: never root
+        helm.render({"trainer": {"runAsUser": 0}})
+
+
 def test_operator_disruption_budget_and_network_policy(helm: Helm, tmp_path: Path) -> None:
     docs = helm.render(VALUE_SETS["hardened-openshift"])
     (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]

@@ -1141,3 +1141,23 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
     assert set(wire["conditions"][0]) == set(schema["conditions"]["items"]["properties"])
     assert wire["nodes"] == "2/4" and wire["conditions"][0]["status"] == "True"
     assert Status.from_wire(wire) == full
+
+
+def test_trainer_ids_are_configurable_and_left_to_the_platform_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenShift's restricted-v2 SCC assigns each namespace's UIDs and refuses a fixed runAsUser outside them: an
+    empty FINETUNE_TRAINER_RUN_AS_USER / FINETUNE_TRAINER_FS_GROUP leaves them out of the trainer pods (runAsNonRoot
+    stays); a number sets them; root is refused with the variable named."""
+    spec = parse_spec(base_spec())
+    ctx = build_pod(REF, spec, rank=0, attempt=0, settings=Settings())["spec"]["securityContext"]
+    assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (1000, 1000, 1000)
+    monkeypatch.setenv("FINETUNE_TRAINER_RUN_AS_USER", "")
+    monkeypatch.setenv("FINETUNE_TRAINER_FS_GROUP", "")
+    ctx = build_pod(REF, spec, rank=0, attempt=0, settings=Settings.from_env())["spec"]["securityContext"]
+    assert ctx == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    monkeypatch.setenv("FINETUNE_TRAINER_RUN_AS_USER", "1000680000")
+    monkeypatch.setenv("FINETUNE_TRAINER_FS_GROUP", "1000680000")
+    ctx = build_pod(REF, spec, rank=0, attempt=0, settings=Settings.from_env())["spec"]["securityContext"]
+    assert ctx["runAsUser"] == ctx["fsGroup"] == 1000680000
+    monkeypatch.setenv("FINETUNE_TRAINER_RUN_AS_USER", "0")
+    with pytest.raises(ValueError, match="FINETUNE_TRAINER_RUN_AS_USER='0': trainers never run as root"):
+        Settings.from_env()
