@@ -162,3 +162,40 @@ def test_a_resync_list_taken_before_a_job_was_created_forgets_nothing(controller
     assert controller.store.job((namespace, "late")) is not None
     assert controller.store.job((namespace, "early")) is not None
     wait_for(lambda: jobs.state("late") == "Created", timeout=20, what="the late job's pass (its pods created)")
+
+
+def test_admission_under_namespace_limits_reads_the_store_once_jobs_are_listed(api_client, namespace, cluster) -> None:  # type: ignore[no-untyped-def]
+    """With a per-namespace limit, each job's admission needs the namespace's usage. Before the backstop's first list
+    it comes from the API server (the store may not hold every job yet); after it, from the store: passes of waiting
+    jobs cost no LIST of the namespace's jobs (a thousand pending jobs would be a thousand LISTs per resync). The
+    limit still holds from the store."""
+    c = Controller(
+        Kube(config.new_client_from_config(config_file=cluster.kubeconfig)),
+        Settings(namespaces=(namespace,), default_image="trainer:test", max_nodes_per_namespace=3),
+        store=Store(),
+    )
+    listed: list[str | None] = []
+    real_list = c.kube.list_jobs
+
+    def counted(ns: str | None = None, **kw):  # type: ignore[no-untyped-def]  # a spy: the real LIST, counted
+        listed.append(ns)
+        return real_list(ns, **kw)
+
+    c.kube.list_jobs = counted  # type: ignore[method-assign]
+    try:
+        jobs = Jobs(api_client, namespace)
+        jobs.create(make_job("first").nodes(2).build())
+        _delivered(c, jobs, api_client, "first")
+        assert listed == [namespace]  # not listed by the backstop yet: usage from the API server
+        jobs.wait_pods("first", 2)
+        c.resync()  # the backstop's first tick lists every job into the store
+        wait_for(lambda: not c._queued, timeout=20, what="the resync's passes")
+        listed.clear()
+        for name in ("second", "third"):
+            jobs.create(make_job(name).nodes(2).build())
+            _delivered(c, jobs, api_client, name)
+        assert listed == []  # usage from the store: no LIST of the namespace's jobs per pass
+        assert jobs.pods("second") == [] and jobs.pods("third") == []  # 2 + 2 > 3: both wait, decided from the store
+        assert jobs.condition("second", "Created")["reason"] == "QuotaExceeded"  # type: ignore[index]
+    finally:
+        c._pool.shutdown(wait=False)
