@@ -1,12 +1,14 @@
-"""Fault injection: a watch gap. The operator's watches are cut and held while a rank's pod is deleted, then come back
-with 410 Gone (an expired resourceVersion, as after an etcd compaction), so kopf lists again: it never delivers the
-deletion that happened in the gap.
+"""Fault injection: a watch gap. The operator's watches are cut and held while a rank's pod is deleted and another job
+is deleted and created again under its name, then come back with 410 Gone (an expired resourceVersion, as after an
+etcd compaction), so kopf lists again: it never delivers the deletions that happened in the gap.
 
 Real: the API server, etcd and the operator (a subprocess whose every request goes through
 tests/faults/apiproxy.FaultProxy). Mocked: the kubelet (FakeKubelet writes pod status).
 
-The invariant: the operator notices the missing rank from the relist (the gang restarts within seconds), instead of
-serving the deleted pod from its cache until its periodic list (ten backstop ticks: 300 s at the default 30 s).
+The invariants: the operator notices the missing rank from the relist (the gang restarts within seconds), instead of
+serving the deleted pod from its cache until its periodic list (ten backstop ticks: 300 s at the default 30 s); no
+attempt's pods are created while another attempt's still exist, each rank once per attempt; the job re-created in
+the gap gets pods owned by its new uid only, none for the dead one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from kubernetes import client
 
 from tests.faults.apiproxy import FaultProxy, upstream_of
+from tests.faults.harness import Observed, PodWatch
 from tests.integration.harness import FakeKubelet, Jobs, OperatorProcess, make_job
 from tests.waiting import wait_for
 
@@ -38,21 +41,37 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
     op = OperatorProcess(
         proxy.write_kubeconfig(tmp_path / "proxy.kubeconfig"), namespace, FINETUNE_RESYNC_SECONDS=str(RESYNC_SECONDS)
     ).start()
+    seen = Observed()
+    pod_watch = PodWatch(api_client, namespace, seen)
+    pod_watch.start()
+    core = client.CoreV1Api(api_client)
     try:
         jobs.create(make_job("gap").nodes(2).max_restarts(2).build())
-        pods = jobs.wait_pods("gap", 2, attempt=0)
+        jobs.create(make_job("ghost").build())
+        pods = jobs.wait_pods("gap", 2, attempt=0) + jobs.wait_pods("ghost", 1)
         for p in pods:
             kubelet.run(p.metadata.name)
         jobs.wait_state("gap", "Running", timeout=60)
+        jobs.wait_state("ghost", "Running", timeout=60)
+        dead_uid = jobs.get("ghost")["metadata"]["uid"]
         time.sleep(2)  # the Running pods reach the operator's cache
         proxy.hold_watches()
         time.sleep(1)
-        client.CoreV1Api(api_client).delete_namespaced_pod("gap-node-1", namespace, grace_period_seconds=0)
+        core.delete_namespaced_pod("gap-node-1", namespace, grace_period_seconds=0)
+        # The other job goes (its pod with it, as its node's kubelet would confirm) and comes back under its name.
+        jobs.delete("ghost")
+        core.delete_namespaced_pod("ghost-node-0", namespace, grace_period_seconds=0)
         wait_for(
-            lambda: [p.metadata.name for p in jobs.pods("gap")] == ["gap-node-0"],
+            lambda: (
+                [p.metadata.name for p in jobs.pods("gap")] == ["gap-node-0"]
+                and not jobs.pods("ghost")
+                and not jobs.exists("ghost")
+            ),
             timeout=20,
-            what="the rank's pod to be gone",
+            what="the rank's pod and the other job to be gone",
         )
+        jobs.create(make_job("ghost").build())
+        new_uid = jobs.get("ghost")["metadata"]["uid"]
         time.sleep(1)
         relisted = time.monotonic()
         proxy.expire_watches()
@@ -62,8 +81,16 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
             what="the gang restart for the rank deleted in the gap",
         )
         noticed = time.monotonic() - relisted
+        (ghost_pod,) = jobs.wait_pods("ghost", 1, timeout=NOTICED_WITHIN)
+        ghost_s = time.monotonic() - relisted
+        for p in jobs.wait_pods("gap", 2, attempt=1):
+            kubelet.run(p.metadata.name)
+        jobs.wait_state("gap", "Running", timeout=60)
+        time.sleep(2)  # what the pod watch has left to see
         figures = proxy.figures()
+        ghost_events = [e.reason for e in jobs.events("ghost") if e.involved_object.uid == new_uid]
     finally:
+        pod_watch.stop.set()
         op.stop()
         proxy.stop()
     print(
@@ -71,6 +98,9 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
             {
                 "scenario": "a rank deleted in a watch gap, then 410 Gone",
                 "noticed_s": round(noticed, 1),
+                "recreated_job_pods_s": round(ghost_s, 1),
+                "recreated_job_events": ghost_events,
+                "overlaps": len(seen.overlaps),
                 "resync_s": RESYNC_SECONDS,
                 **figures,
             }
@@ -78,3 +108,8 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
     )
     assert figures["injected"].get("watch-410", 0) >= 1, figures
     assert "each job's are listed again" in op.output()
+    assert seen.overlaps == [], seen.overlaps
+    assert seen.attempts["gap"] == {0, 1} and seen.pods_created["gap"] == 4  # each rank once per attempt
+    owners = {o.uid for o in ghost_pod.metadata.owner_references or []}
+    assert owners == {new_uid} and dead_uid not in owners
+    assert seen.pods_created["ghost"] == 2  # the dead job's one pod and the new job's one: none for the dead uid
