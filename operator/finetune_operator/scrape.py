@@ -86,8 +86,14 @@ def _read(conn: http.client.HTTPConnection, url: str, path: str, left: Callable[
     return body.decode("utf-8", errors="replace")
 
 
+SLOW_SECONDS = DEADLINE_SECONDS / 2  # a scrape that took this long sends its job's next ones to the slow lane
+
+
 class Scraper:
-    """At most one scrape in flight per job, at most ``workers`` in all."""
+    """At most one scrape in flight per job, at most ``workers`` in all, plus one slow lane: a job whose last scrape
+    was slow (over :data:`SLOW_SECONDS`: a page that trickles, hangs or is huge) is scraped there, on ``slow_workers``
+    threads of its own, until a scrape of it is quick again. However many tenants serve such pages, they wait only
+    for each other: the other jobs' progress keeps its interval."""
 
     def __init__(
         self,
@@ -95,15 +101,20 @@ class Scraper:
         interval: float,
         on_done: Callable[[Key], None],
         workers: int = 4,
+        slow_workers: int = 1,
         fetch: Callable[[str], str] = fetch_metrics,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.interval = interval
         self.on_done = on_done
         self.fetch = fetch
+        self.clock = clock
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scrape")
+        self._slow_pool = ThreadPoolExecutor(max_workers=slow_workers, thread_name_prefix="scrape-slow")
         self._lock = threading.Lock()
         self._started: dict[Key, float] = {}  # monotonic start of the job's last scrape
         self._inflight: set[Key] = set()
+        self._slow: set[Key] = set()  # jobs whose last scrape was slow
         self._done: dict[Key, tuple[str, int, Progress]] = {}  # url and attempt scraped, what came back
 
     def take(self, key: Key, url: str | None, *, nodes: int, attempt: int) -> Progress | None:
@@ -118,18 +129,31 @@ class Scraper:
                 return result
             self._inflight.add(key)
             self._started[key] = time.monotonic()
-        self._pool.submit(self._scrape, key, url, nodes, attempt)
+            pool = self._slow_pool if key in self._slow else self._pool
+        pool.submit(self._scrape, key, url, nodes, attempt)
         return result
+
+    def slow(self) -> int:
+        """How many jobs are in the slow lane now."""
+        with self._lock:
+            return len(self._slow)
 
     def _scrape(self, key: Key, url: str, nodes: int, attempt: int) -> None:
         progress = None
+        began = self.clock()
         try:
             progress = parse_metrics(self.fetch(url), nodes=nodes)
         except Exception as e:  # a scrape failure never fails the job
             log.debug("%s/%s: scraping %s failed: %s", key[0], key[1], url, e)
+        took = self.clock() - began
         with self._lock:
             self._inflight.discard(key)
-            if progress is not None and key in self._started:  # not forgotten meanwhile
+            if key in self._started:  # not forgotten meanwhile
+                if took >= SLOW_SECONDS:
+                    self._slow.add(key)
+                else:
+                    self._slow.discard(key)
+            if progress is not None and key in self._started:
                 self._done[key] = (url, attempt, progress)
         if progress is not None:
             self.on_done(key)
@@ -138,6 +162,8 @@ class Scraper:
         with self._lock:
             self._started.pop(key, None)
             self._done.pop(key, None)
+            self._slow.discard(key)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._slow_pool.shutdown(wait=False, cancel_futures=True)

@@ -148,3 +148,50 @@ def test_a_hostile_page_yields_only_values_the_status_can_hold() -> None:
         progress.samples_per_second,
         progress.eta_seconds,
     ) == (100, None, 0.5, None, None, 12)
+
+
+def test_slow_pages_are_scraped_in_a_lane_of_their_own() -> None:
+    """Jobs whose pages were slow (a trickle cut at the deadline) are scraped on the slow lane from then on: a healthy
+    job's scrape is never queued behind theirs, and a job whose page is quick again comes back."""
+    import time
+
+    from finetune_operator.scrape import SLOW_SECONDS, Scraper
+
+    slow_pages = {"http://h0/", "http://h1/", "http://h2/"}
+    log: list[str] = []
+    done = threading.Event()
+
+    def fetch(url: str) -> str:
+        if url in slow_pages:
+            time.sleep(SLOW_SECONDS + 0.05)
+            log.append(f"slow {url}")
+            raise TimeoutError("cut at the deadline")
+        log.append(f"quick {url}")
+        if url == "http://ok/":
+            done.set()
+        return "finetune_train_step 1\nfinetune_train_total_steps 2\n"
+
+    s = Scraper(interval=0, on_done=lambda key: None, workers=1, slow_workers=1, fetch=fetch)
+    try:
+        for i in range(3):  # first scrapes: on the main lane (nothing known yet), each found slow
+            s.take(("ns", f"h{i}"), f"http://h{i}/", nodes=1, attempt=0)
+        wait = time.monotonic() + 30
+        while s.slow() < 3 and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert s.slow() == 3
+        log.clear()
+        for i in range(3):  # now queued on the slow lane, one at a time
+            s.take(("ns", f"h{i}"), f"http://h{i}/", nodes=1, attempt=0)
+        s.take(("ns", "ok"), "http://ok/", nodes=1, attempt=0)
+        assert done.wait(30)
+        assert log.index("quick http://ok/") <= 1, log  # at most the one slow scrape already running came first
+        slow_pages.discard("http://h0/")  # its page is quick again
+        wait = time.monotonic() + 30
+        while len([x for x in log if x.startswith("slow")]) < 3 and time.monotonic() < wait:
+            time.sleep(0.05)
+        s.take(("ns", "h0"), "http://h0/", nodes=1, attempt=0)
+        while s.slow() != 2 and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert s.slow() == 2
+    finally:
+        s.shutdown()
