@@ -65,22 +65,24 @@ class Api:
     def connection(self, timeout: float = 30) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=timeout)
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
         """One request on this thread's kept-alive connection; a GET whose connection the server dropped (a
         loaded apiserver closes idle keep-alive connections) is sent once more on a new one."""
         try:
-            return self._request(method, path, body)
+            return self._request(method, path, body, content_type)
         except (OSError, http.client.HTTPException):
             if method != "GET":
                 raise
-            return self._request(method, path, body)
+            return self._request(method, path, body, content_type)
 
-    def _request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+    def _request(self, method: str, path: str, body: Any, content_type: str) -> tuple[int, bytes]:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = self.connection()
         data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
@@ -89,6 +91,18 @@ class Api:
             self._local.conn = None
             conn.close()
             raise
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        """Every object of a list, read in pages of 500."""
+        out: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            sep = "&" if "?" in path else "?"
+            body = self.get_json(f"{path}{sep}limit=500" + (f"&continue={token}" if token else "")) or {}
+            out += body.get("items", [])
+            token = (body.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return out
 
     def get_json(self, path: str) -> dict[str, Any] | None:
         status, data = self.request("GET", path)

@@ -76,6 +76,7 @@ class Controller:
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
         # Rank 0's metrics, read off the reconcile path (finetune_operator.scrape); a finished scrape asks for a pass.
         self.scraper = Scraper(interval=settings.progress_interval_seconds, on_done=lambda key: self.requeue(key, 0))
+        self.metrics.scrapes_slow.set_function(self.scraper.slow)
         # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
         self.active: Callable[[], bool] = lambda: True
         self._workloads_forbidden = False  # no RBAC to read Kueue's Workloads: said once in the log
@@ -386,6 +387,10 @@ class Controller:
         self._export_states(namespace)
         if plan.requeue_after is not None:
             self.requeue(key, plan.requeue_after)
+        if new_state == RUNNING and job.status.state != RUNNING and self.settings.progress_interval_seconds:
+            # This pass decided from the state before (scrapes start only for a running job): the first scrape
+            # starts on the next pass, now, not on the next pod event or backstop tick (up to resyncSeconds away).
+            self.requeue(key, 0)
         return plan
 
     def _confirm_current(self, job: Job) -> None:

@@ -57,6 +57,12 @@ class OperatorMetrics:
             "Watched namespaces (or the cluster) whose KopfPeering object is missing",
             registry=self.registry,
         )
+        # Jobs whose rank 0 page was slow (trickled, hung, huge): their scrapes run on a lane of their own.
+        self.scrapes_slow = Gauge(
+            "finetune_operator_scrapes_slow",
+            "Jobs whose metrics page was slow to scrape, scraped on the slow lane until quick again",
+            registry=self.registry,
+        )
         # The backstop's heartbeat: the liveness probe fails when it stops (a loop stuck on a lock or a request).
         self.backstop_tick = Gauge(
             "finetune_operator_backstop_last_tick_timestamp_seconds",

@@ -19,6 +19,7 @@ OPERATOR_GAUGES = {
     "finetune_operator_backstop_active",
     "finetune_operator_peering_objects_missing",
     "finetune_operator_backstop_last_tick_timestamp_seconds",
+    "finetune_operator_scrapes_slow",
 }
 OPERATOR_HISTOGRAMS = {"finetune_operator_reconcile_duration_seconds"}
 

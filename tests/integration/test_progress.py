@@ -28,6 +28,7 @@ def rank0_metrics() -> Iterator[object]:
     m = TrainerMetrics(namespace="ns", job="prog", node_rank=0)
     assert m.serve(9400, addr="127.0.0.1")
     yield m
+    m.close()
 
 
 def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, rank0_metrics) -> None:  # type: ignore[no-untyped-def]
@@ -178,5 +179,31 @@ def test_a_tenant_that_trickles_its_metrics_stalls_nothing(cluster, api_client, 
         # the tenant's scrapes were given up and tried again, never completed
         wait_for(lambda: trickling_rank0[0] >= 3, timeout=30, what="repeated scrapes of the trickling endpoint")
         assert "progress" not in jobs.status("slow") and jobs.state("slow") == "Running"
+    finally:
+        op.stop()
+
+
+def test_the_first_scrape_starts_when_the_job_turns_running(cluster, api_client, namespace, rank0_metrics) -> None:  # type: ignore[no-untyped-def]
+    """A one-node job's pod runs (one pod event, then none): the pass that sets Running decided from the state
+    before, when no scrape may start; the next pass comes at once, not at the next event or backstop tick (an hour
+    away here), so the job's progress shows up."""
+    m = rank0_metrics
+    jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
+    op = OperatorProcess(
+        cluster.kubeconfig, namespace, FINETUNE_PROGRESS_INTERVAL_SECONDS="1", FINETUNE_RESYNC_SECONDS="3600"
+    ).start()
+    try:
+        m.step.set(3)  # type: ignore[attr-defined]
+        m.total_steps.set(10)  # type: ignore[attr-defined]
+        jobs.create(make_job("first").build())
+        (pod,) = jobs.wait_pods("first", 1)
+        kubelet.run(pod.metadata.name, ip="127.0.0.1")
+        jobs.wait_state("first", "Running")
+        progress = wait_for(
+            lambda: (jobs.status("first").get("progress") or {}).get("stepOfTotal"),
+            timeout=30,
+            what="the first scrape's progress without any further event",
+        )
+        assert progress == "3/10"
     finally:
         op.stop()

@@ -85,6 +85,7 @@ def rank0_metrics() -> Iterator[Any]:
     m = TrainerMetrics(namespace="ns", job="curves", node_rank=0)
     assert m.serve(9400, addr="127.0.0.1")
     yield m
+    m.close()
 
 
 class Ui:

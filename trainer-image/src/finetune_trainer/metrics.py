@@ -160,11 +160,19 @@ class TrainerMetrics:
         if port <= 0:
             return False
         try:
-            start_http_server(port, addr=addr, registry=self.registry)
+            self._server = start_http_server(port, addr=addr, registry=self.registry)[0]
         except OSError as e:
             log.warning("metrics: cannot listen on %s:%s: %s; continuing without a metrics endpoint", addr, port, e)
             return False
         return True
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint (a process that serves metrics again later, such as a test session)."""
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._server = None
 
 
 class BatchCounter:
