@@ -160,7 +160,7 @@ class TrainerMetrics:
         if port <= 0:
             return False
         try:
-            self._server = start_http_server(port, addr=addr, registry=self.registry)[0]
+            self._server: Any = start_http_server(port, addr=addr, registry=self.registry)[0]
         except OSError as e:
             log.warning("metrics: cannot listen on %s:%s: %s; continuing without a metrics endpoint", addr, port, e)
             return False
