@@ -52,15 +52,17 @@ def second_namespace(cluster, api_client) -> Iterator[str]:  # type: ignore[no-u
     core.delete_namespace(name)
 
 
+@pytest.mark.parametrize("gone", ["peering object", "namespace"])
 def test_one_namespaces_peering_object_gone_stops_nothing(
     cluster,
     api_client,
     namespace,  # type: ignore[no-untyped-def]
     second_namespace,
+    gone,
 ) -> None:
-    """Namespaced mode over two namespaces, peering on: the first namespace's KopfPeering is deleted (an offboarded
-    team), and a job in the second one still meets its deadline (a backstop requeue). The operator exports that it
-    runs the backstop and that one peering object is missing."""
+    """Namespaced mode over two namespaces, peering on: the first namespace's KopfPeering, or the whole namespace, is
+    deleted (an offboarded team), and a job in the second one still meets its deadline (a backstop requeue). The
+    operator exports that it runs the backstop and that one peering object is missing, and keeps running."""
     cluster.run_kubectl("apply", "--server-side", "-f", str(PEERING_CRDS))
     for ns in (namespace, second_namespace):
         cluster.run_kubectl(
@@ -85,7 +87,10 @@ def test_one_namespaces_peering_object_gone_stops_nothing(
             timeout=60,
             what="the only replica to run the backstop",
         )
-        cluster.run_kubectl("delete", "kopfpeering", "finetune-operator", "-n", namespace)
+        if gone == "namespace":  # its peering object goes with it, and the operator's watches there end
+            cluster.run_kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=60s")
+        else:
+            cluster.run_kubectl("delete", "kopfpeering", "finetune-operator", "-n", namespace)
         wait_for(
             lambda: _metric(port, "finetune_operator_peering_objects_missing") == 1,
             timeout=30,
@@ -99,6 +104,9 @@ def test_one_namespaces_peering_object_gone_stops_nothing(
         status = jobs.wait_state("late", "Failed", timeout=30)
         assert status["failure"]["reason"] == "DeadlineExceeded"
         assert "is missing" in op.output() and f"in namespace {namespace}" in op.output()
+        assert (
+            op.proc is not None and op.proc.poll() is None
+        )  # the operator lives on, whatever its watches in the deleted namespace do
     finally:
         op.stop()
 
