@@ -53,7 +53,8 @@ def test_a_replica_woken_with_a_stale_store_destroys_nothing(cluster, api_client
         "apply",
         "-f",
         "-",
-        input=f"apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: finetune-operator\n  namespace: {namespace}\n",
+        input="apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n"
+        f"  name: finetune-operator\n  namespace: {namespace}\n",
     )
     jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
     seen = Observed()
