@@ -30,6 +30,7 @@ from tests.chart.conftest import (
     ensure_kopf_crds,
     one,
 )
+from tests.kubeconfigs import service_account_kubeconfig
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -210,21 +211,7 @@ def _install(
 
 def _sa_kubeconfig(cluster: Any, rel: Release, path: Path) -> Path:
     """A kubeconfig holding only a TokenRequest token of the chart's ServiceAccount."""
-    token = cluster.run_kubectl("create", "token", rel.sa, "-n", rel.namespace, "--duration=1h").strip()
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    server = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])["cluster"]
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "sa",
-        "clusters": [{"name": "local", "cluster": server}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
-    }
-    path.write_text(yaml.safe_dump(cfg))
-    path.chmod(0o600)
-    return path
+    return service_account_kubeconfig(cluster, rel.sa, rel.namespace, path)
 
 
 class Operator:

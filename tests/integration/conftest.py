@@ -68,3 +68,15 @@ def operator(request: pytest.FixtureRequest, sched: Cluster, ns: str, operator_e
 @pytest.fixture
 def jobs(api: client.ApiClient, ns: str) -> Jobs:
     return Jobs(api, ns)
+
+
+@pytest.fixture
+def rank0_metrics() -> Iterator[object]:
+    """The trainer's own metrics exporter (finetune_trainer.metrics) serving on 127.0.0.1:9400, where the operator
+    scrapes a job whose FakeKubelet-run rank 0 reports podIP 127.0.0.1; closed after the test."""
+    from finetune_trainer.metrics import TrainerMetrics
+
+    m = TrainerMetrics(namespace="ns", job="rank0", node_rank=0)
+    assert m.serve(9400, addr="127.0.0.1")
+    yield m
+    m.close()

@@ -21,16 +21,6 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def rank0_metrics() -> Iterator[object]:
-    from finetune_trainer.metrics import TrainerMetrics
-
-    m = TrainerMetrics(namespace="ns", job="prog", node_rank=0)
-    assert m.serve(9400, addr="127.0.0.1")
-    yield m
-    m.close()
-
-
 def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, rank0_metrics) -> None:  # type: ignore[no-untyped-def]
     m = rank0_metrics
     jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)

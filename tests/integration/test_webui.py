@@ -19,15 +19,14 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.integration.harness import FakeKubelet, Jobs, OperatorProcess, make_job
+from tests.kubeconfigs import service_account_kubeconfig
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -76,16 +75,6 @@ def render(url: str, screenshot: Path | None = None) -> Dom:
     r = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     return Dom(r.stdout)
-
-
-@pytest.fixture
-def rank0_metrics() -> Iterator[Any]:
-    from finetune_trainer.metrics import TrainerMetrics
-
-    m = TrainerMetrics(namespace="ns", job="curves", node_rank=0)
-    assert m.serve(9400, addr="127.0.0.1")
-    yield m
-    m.close()
 
 
 class Ui:
@@ -212,24 +201,7 @@ def _namespace_reader_kubeconfig(cluster: Any, namespace: str, path: Path) -> st
     cluster.run_kubectl(
         "create", "rolebinding", "reader", "-n", namespace, "--role=reader", f"--serviceaccount={namespace}:reader"
     )
-    token = cluster.run_kubectl("create", "token", "reader", "-n", namespace, "--duration=1h").strip()
-    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    server = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])["cluster"]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "reader",
-                "clusters": [{"name": "local", "cluster": server}],
-                "users": [{"name": "reader", "user": {"token": token}}],
-                "contexts": [{"name": "reader", "context": {"cluster": "local", "user": "reader"}}],
-            }
-        )
-    )
-    path.chmod(0o600)
-    return str(path)
+    return str(service_account_kubeconfig(cluster, "reader", namespace, path))
 
 
 def test_a_user_who_reads_one_namespace_sees_its_jobs_and_why_only_those(
