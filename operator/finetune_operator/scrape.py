@@ -90,17 +90,19 @@ SLOW_SECONDS = DEADLINE_SECONDS / 2  # a scrape that took this long sends its jo
 
 
 class Scraper:
-    """At most one scrape in flight per job, at most ``workers`` in all, plus one slow lane: a job whose last scrape
-    was slow (over :data:`SLOW_SECONDS`: a page that trickles, hangs or is huge) is scraped there, on ``slow_workers``
-    threads of its own, until a scrape of it is quick again. However many tenants serve such pages, they wait only
-    for each other: the other jobs' progress keeps its interval."""
+    """At most one scrape in flight per job, in three lanes: jobs whose last scrape was quick on ``workers`` threads;
+    jobs not scraped yet on ``new_workers``; jobs whose last scrape was slow (over :data:`SLOW_SECONDS`: a page that
+    trickles, hangs or is huge) on ``slow_workers``, until a scrape of theirs is quick again. However many tenants
+    serve such pages, and however many such jobs appear at once, the jobs already known to answer quickly keep their
+    progress interval: the others wait only for each other."""
 
     def __init__(
         self,
         *,
         interval: float,
         on_done: Callable[[Key], None],
-        workers: int = 4,
+        workers: int = 3,
+        new_workers: int = 1,
         slow_workers: int = 1,
         fetch: Callable[[str], str] = fetch_metrics,
         clock: Callable[[], float] = time.monotonic,
@@ -110,10 +112,12 @@ class Scraper:
         self.fetch = fetch
         self.clock = clock
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scrape")
+        self._new_pool = ThreadPoolExecutor(max_workers=new_workers, thread_name_prefix="scrape-new")
         self._slow_pool = ThreadPoolExecutor(max_workers=slow_workers, thread_name_prefix="scrape-slow")
         self._lock = threading.Lock()
         self._started: dict[Key, float] = {}  # monotonic start of the job's last scrape
         self._inflight: set[Key] = set()
+        self._quick: set[Key] = set()  # jobs whose last scrape was quick
         self._slow: set[Key] = set()  # jobs whose last scrape was slow
         self._done: dict[Key, tuple[str, int, Progress]] = {}  # url and attempt scraped, what came back
 
@@ -129,7 +133,7 @@ class Scraper:
                 return result
             self._inflight.add(key)
             self._started[key] = time.monotonic()
-            pool = self._slow_pool if key in self._slow else self._pool
+            pool = self._pool if key in self._quick else self._slow_pool if key in self._slow else self._new_pool
         pool.submit(self._scrape, key, url, nodes, attempt)
         return result
 
@@ -149,10 +153,8 @@ class Scraper:
         with self._lock:
             self._inflight.discard(key)
             if key in self._started:  # not forgotten meanwhile
-                if took >= SLOW_SECONDS:
-                    self._slow.add(key)
-                else:
-                    self._slow.discard(key)
+                (self._slow if took >= SLOW_SECONDS else self._quick).add(key)
+                (self._quick if took >= SLOW_SECONDS else self._slow).discard(key)
             if progress is not None and key in self._started:
                 self._done[key] = (url, attempt, progress)
         if progress is not None:
@@ -163,7 +165,8 @@ class Scraper:
             self._started.pop(key, None)
             self._done.pop(key, None)
             self._slow.discard(key)
+            self._quick.discard(key)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._slow_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._new_pool, self._slow_pool):
+            pool.shutdown(wait=False, cancel_futures=True)

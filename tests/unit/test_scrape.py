@@ -151,15 +151,15 @@ def test_a_hostile_page_yields_only_values_the_status_can_hold() -> None:
 
 
 def test_slow_pages_are_scraped_in_a_lane_of_their_own() -> None:
-    """Jobs whose pages were slow (a trickle cut at the deadline) are scraped on the slow lane from then on: a healthy
-    job's scrape is never queued behind theirs, and a job whose page is quick again comes back."""
+    """Jobs known to answer quickly are scraped on their own lane: jobs never scraped yet wait on another lane, and
+    jobs whose page was slow (a trickle cut at the deadline) on a third from then on, so neither a crowd of new jobs
+    with slow pages nor the slow ones already known delay a healthy job's scrape; a page quick again comes back."""
     import time
 
     from finetune_operator.scrape import SLOW_SECONDS, Scraper
 
-    slow_pages = {"http://h0/", "http://h1/", "http://h2/"}
+    slow_pages = {f"http://h{i}/" for i in range(6)}
     log: list[str] = []
-    done = threading.Event()
 
     def fetch(url: str) -> str:
         if url in slow_pages:
@@ -167,31 +167,34 @@ def test_slow_pages_are_scraped_in_a_lane_of_their_own() -> None:
             log.append(f"slow {url}")
             raise TimeoutError("cut at the deadline")
         log.append(f"quick {url}")
-        if url == "http://ok/":
-            done.set()
         return "finetune_train_step 1\nfinetune_train_total_steps 2\n"
 
-    s = Scraper(interval=0, on_done=lambda key: None, workers=1, slow_workers=1, fetch=fetch)
+    def until(cond, what: str) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    s = Scraper(interval=0, on_done=lambda key: None, workers=1, new_workers=1, slow_workers=1, fetch=fetch)
     try:
-        for i in range(3):  # first scrapes: on the main lane (nothing known yet), each found slow
+        s.take(("ns", "ok"), "http://ok/", nodes=1, attempt=0)  # new: its first scrape, quick
+        until(lambda: "quick http://ok/" in log, "the healthy job's first scrape")
+        for i in range(3):  # three new jobs with slow pages: one at a time on the new jobs' lane
             s.take(("ns", f"h{i}"), f"http://h{i}/", nodes=1, attempt=0)
-        wait = time.monotonic() + 30
-        while s.slow() < 3 and time.monotonic() < wait:
-            time.sleep(0.05)
-        assert s.slow() == 3
+        s.take(("ns", "ok"), "http://ok/", nodes=1, attempt=0)  # known quick: its own lane, not behind them
+        until(lambda: log.count("quick http://ok/") == 2, "the healthy job's second scrape")
+        assert log.index("quick http://ok/", 1) <= 2, log  # at most the one slow scrape already running came first
+        until(lambda: s.slow() == 3, "the three slow jobs to be known")
         log.clear()
-        for i in range(3):  # now queued on the slow lane, one at a time
+        for i in range(3):  # now on the slow lane; three more new ones on the new lane
             s.take(("ns", f"h{i}"), f"http://h{i}/", nodes=1, attempt=0)
+            s.take(("ns", f"h{i + 3}"), f"http://h{i + 3}/", nodes=1, attempt=0)
         s.take(("ns", "ok"), "http://ok/", nodes=1, attempt=0)
-        assert done.wait(30)
-        assert log.index("quick http://ok/") <= 1, log  # at most the one slow scrape already running came first
+        until(lambda: "quick http://ok/" in log, "the healthy job's third scrape")
+        assert log.index("quick http://ok/") <= 2, log  # at most one slow scrape per busy lane came first
         slow_pages.discard("http://h0/")  # its page is quick again
-        wait = time.monotonic() + 30
-        while len([x for x in log if x.startswith("slow")]) < 3 and time.monotonic() < wait:
-            time.sleep(0.05)
+        until(lambda: len(log) >= 7, "the slow scrapes of this round")
         s.take(("ns", "h0"), "http://h0/", nodes=1, attempt=0)
-        while s.slow() != 2 and time.monotonic() < wait:
-            time.sleep(0.05)
-        assert s.slow() == 2
+        until(lambda: s.slow() == 5, "h0 back among the quick ones, h1-h5 slow")
     finally:
         s.shutdown()
