@@ -594,30 +594,29 @@ def _wait_quota(p: _Pass, message: str) -> None:
 def _wait_api_server(p: _Pass, message: str) -> None:
     """The API server cannot yet check this job's owner references (a CRD installed moments ago): condition
     Created=False/CRDNotServedYet, one event, a retry every 2 s."""
-    st = p.st
-    before = p.job.status.condition("Created")
-    st.set_condition("Created", False, "CRDNotServedYet", message, now=p.now, record_false=True)
-    if st.state is None:
-        st.state = PENDING
-    if before is None or before.reason != "CRDNotServedYet":
-        p.event("Normal", "CRDNotServedYet", message)
-    p.plan.requeue_after = 2.0
+    _wait_to_create(p, "CRDNotServedYet", message)
 
 
 def _wait_for_namesake(p: _Pass, what: str) -> None:
     """A child name this job needs is still held by a deleted FineTuneJob of the same name (another uid): wait for the
     garbage collector, never adopt it (its pods would count as this job's, its ConfigMap carry the old config)."""
-    st = p.st
     message = (
         f"waiting for {what}, left by a deleted FineTuneJob of the same name, to be removed; its pods may "
         "still be saving a checkpoint"
     )
+    _wait_to_create(p, "PreviousJobTerminating", message)
+
+
+def _wait_to_create(p: _Pass, reason: str, message: str) -> None:
+    """The attempt cannot be created yet, for a passing reason: condition Created=False with ``reason``, one event
+    when the reason is new, a retry every 2 s."""
+    st = p.st
     before = p.job.status.condition("Created")
-    st.set_condition("Created", False, "PreviousJobTerminating", message, now=p.now, record_false=True)
+    st.set_condition("Created", False, reason, message, now=p.now, record_false=True)
     if st.state is None:
         st.state = PENDING
-    if before is None or before.reason != "PreviousJobTerminating":
-        p.event("Normal", "PreviousJobTerminating", message)
+    if before is None or before.reason != reason:
+        p.event("Normal", reason, message)
     p.plan.requeue_after = 2.0
 
 
