@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from finetune_operator.builders import JobRef, output_claim_name, output_path
+from finetune_operator.history import series
 from finetune_operator.k8s import ApiError, Kube, Rejected
 from finetune_operator.settings import GROUP, LABEL_ATTEMPT, LABEL_RANK, OUTPUT_MOUNT, VERSION
 from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
@@ -122,25 +123,10 @@ class Job:
     def curves(self) -> dict[str, list[tuple[int, int, float]]]:
         """``status.history`` as series of ``(attempt, step, value)``: ``loss``, ``eval_loss``, ``samples_per_second``
         and ``learning_rate``, each in step order within an attempt and attempts in order (docs/client.md)."""
-        return curves(self.status.get("history"))
+        return series(self.status.get("history"))
 
 
-def curves(history: dict[str, Any] | None) -> dict[str, list[tuple[int, int, float]]]:
-    """The series of a ``status.history`` (its wire form), points without a value left out."""
-    history = history or {}
-    out: dict[str, list[tuple[int, int, float]]] = {}
-    for series, key, points in (
-        ("loss", "loss", history.get("train")),
-        ("samples_per_second", "samplesPerSecond", history.get("train")),
-        ("learning_rate", "learningRate", history.get("train")),
-        ("eval_loss", "evalLoss", history.get("eval")),
-    ):
-        out[series] = [
-            (int(p.get("attempt", 0)), int(p["step"]), float(p[key]))
-            for p in points or []
-            if p.get(key) is not None and p.get("step") is not None
-        ]
-    return out
+curves = series  # the series of a status.history: finetune_operator.history.series
 
 
 @dataclass(frozen=True)

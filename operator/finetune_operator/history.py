@@ -84,6 +84,29 @@ class History:
             return None
 
 
+# The series a client draws from the wire form: name, the list it is in, the point's field.
+SERIES = (
+    ("loss", "train", "loss"),
+    ("eval_loss", "eval", "evalLoss"),
+    ("samples_per_second", "train", "samplesPerSecond"),
+    ("learning_rate", "train", "learningRate"),
+)
+
+
+def series(wire: dict[str, Any] | None) -> dict[str, list[tuple[int, int, float]]]:
+    """A ``status.history`` (its wire form) as series of ``(attempt, step, value)`` in the stored order (step order
+    within an attempt, attempts in order); points without the series' value are left out."""
+    wire = wire or {}
+    return {
+        name: [
+            (int(p.get("attempt", 0)), int(p["step"]), float(p[field]))
+            for p in wire.get(points) or []
+            if p.get(field) is not None and p.get("step") is not None
+        ]
+        for name, points, field in SERIES
+    }
+
+
 def thin(points: tuple[P, ...], limit: int) -> tuple[P, ...]:
     """``points`` cut to ``limit``: while too many, the point whose neighbours lie closest together (in steps, within
     its attempt) goes, so the points stay spread evenly over the whole run; an attempt's first and last points stay

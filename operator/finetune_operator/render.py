@@ -14,6 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from finetune_operator.history import series
 from finetune_operator.status import FAILED, RUNNING, SUCCEEDED, SUSPENDED, Status, parse_ts
 
 STYLE = {RUNNING: "green", SUCCEEDED: "bold green", FAILED: "bold red", "Restarting": "yellow", SUSPENDED: "cyan"}
@@ -91,26 +92,26 @@ def curve_rows(history: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not history:
         return []
     rows = []
-    series = (
-        ("Loss", history.get("train") or [], "loss", "{:.4g}"),
-        ("Eval loss", history.get("eval") or [], "evalLoss", "{:.4g}"),
-        ("Samples/s", history.get("train") or [], "samplesPerSecond", "{:g}"),
-        ("LR", history.get("train") or [], "learningRate", "{:.3g}"),
+    found = series(history)
+    labels = (
+        ("Loss", "loss", "{:.4g}"),
+        ("Eval loss", "eval_loss", "{:.4g}"),
+        ("Samples/s", "samples_per_second", "{:g}"),
+        ("LR", "learning_rate", "{:.3g}"),
     )
-    for label, points, key, fmt in series:
-        have = [p for p in points if p.get(key) is not None]
+    for label, name, fmt in labels:
+        have = found[name]
         if len(have) < 2:
             continue
         runs: dict[int, list[float]] = {}
-        for p in have:
-            runs.setdefault(int(p.get("attempt", 0)), []).append(float(p[key]))
-        first, last = have[0], have[-1]
-        attempts = f", attempts {first.get('attempt')}-{last.get('attempt')}" if len(runs) > 1 else ""
+        for attempt, _, value in have:
+            runs.setdefault(attempt, []).append(value)
+        (a0, s0, v0), (a1, s1, v1) = have[0], have[-1]
+        attempts = f", attempts {a0}-{a1}" if len(runs) > 1 else ""
         rows.append(
             (
                 label,
-                f"{sparkline(list(runs.values()))}  {fmt.format(first[key])} → {fmt.format(last[key])} "
-                f"(steps {first.get('step')}-{last.get('step')}{attempts})",
+                f"{sparkline(list(runs.values()))}  {fmt.format(v0)} → {fmt.format(v1)} (steps {s0}-{s1}{attempts})",
             )
         )
     return rows

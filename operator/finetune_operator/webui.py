@@ -27,7 +27,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from finetune_operator import render
-from finetune_operator.client import FineTuneClient, Job, UserError, curves
+from finetune_operator.client import FineTuneClient, Job, UserError
+from finetune_operator.history import series
 from finetune_operator.k8s import ApiError
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,10 @@ def job_row(job: Job, now: datetime) -> dict[str, Any]:
     }
 
 
-def attempt_marks(series: dict[str, list[tuple[int, int, float]]]) -> list[dict[str, int]]:
+def attempt_marks(curves: dict[str, list[tuple[int, int, float]]]) -> list[dict[str, int]]:
     """Where each attempt after the first starts (its first step in any series): the restarts on the curves."""
     first: dict[int, int] = {}
-    for points in series.values():
+    for points in curves.values():
         for attempt, step, _ in points:
             first[attempt] = min(step, first.get(attempt, step))
     return [{"attempt": a, "step": s} for a, s in sorted(first.items())[1:]]
@@ -78,13 +79,13 @@ def job_detail(
     job: Job, events: list[dict[str, Any]], log_tail: list[str], log_note: str, now: datetime
 ) -> dict[str, Any]:
     """Everything the job page shows."""
-    series = curves(job.status.get("history"))
+    found = series(job.status.get("history"))
     return {
         **job_row(job, now),
         "progressLine": render.progress_line(job.progress),
         "failure": job.status.get("failure"),
-        "curves": {k: [[a, s, v] for a, s, v in points] for k, points in series.items()},
-        "attempts": attempt_marks(series),
+        "curves": {k: [[a, s, v] for a, s, v in points] for k, points in found.items()},
+        "attempts": attempt_marks(found),
         "conditions": [
             {
                 "type": c.get("type"),
