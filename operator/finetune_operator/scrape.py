@@ -117,8 +117,7 @@ class Scraper:
         self._lock = threading.Lock()
         self._started: dict[Key, float] = {}  # monotonic start of the job's last scrape
         self._inflight: set[Key] = set()
-        self._quick: set[Key] = set()  # jobs whose last scrape was quick
-        self._slow: set[Key] = set()  # jobs whose last scrape was slow
+        self._was_slow: dict[Key, bool] = {}  # whether each job's last scrape was slow (absent: not scraped yet)
         self._done: dict[Key, tuple[str, int, Progress]] = {}  # url and attempt scraped, what came back
 
     def take(self, key: Key, url: str | None, *, nodes: int, attempt: int) -> Progress | None:
@@ -133,14 +132,15 @@ class Scraper:
                 return result
             self._inflight.add(key)
             self._started[key] = time.monotonic()
-            pool = self._pool if key in self._quick else self._slow_pool if key in self._slow else self._new_pool
+            was_slow = self._was_slow.get(key)
+            pool = self._new_pool if was_slow is None else self._slow_pool if was_slow else self._pool
         pool.submit(self._scrape, key, url, nodes, attempt)
         return result
 
     def slow(self) -> int:
         """How many jobs are in the slow lane now."""
         with self._lock:
-            return len(self._slow)
+            return sum(self._was_slow.values())
 
     def _scrape(self, key: Key, url: str, nodes: int, attempt: int) -> None:
         progress = None
@@ -153,8 +153,7 @@ class Scraper:
         with self._lock:
             self._inflight.discard(key)
             if key in self._started:  # not forgotten meanwhile
-                (self._slow if took >= SLOW_SECONDS else self._quick).add(key)
-                (self._quick if took >= SLOW_SECONDS else self._slow).discard(key)
+                self._was_slow[key] = took >= SLOW_SECONDS
             if progress is not None and key in self._started:
                 self._done[key] = (url, attempt, progress)
         if progress is not None:
@@ -164,8 +163,7 @@ class Scraper:
         with self._lock:
             self._started.pop(key, None)
             self._done.pop(key, None)
-            self._slow.discard(key)
-            self._quick.discard(key)
+            self._was_slow.pop(key, None)
 
     def shutdown(self) -> None:
         for pool in (self._pool, self._new_pool, self._slow_pool):
