@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -216,8 +217,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         cluster.start()
         api = Api(cluster)
-        import subprocess
-
         kubectl = [str(BIN_DIR / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"]
         subprocess.run(
             [*kubectl, "apply", "--server-side", "-f", str(ROOT / "crds" / "finetune.dev_finetunejobs.yaml")],
@@ -233,10 +232,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         wait_for(lambda: api.get_json(JOBS), timeout=60, what="the jobs endpoint", check=cluster.check)
         os.environ["FINETUNE_PROGRESS_INTERVAL_SECONDS"] = str(args.interval)
-        op = Operator(cluster.kubeconfig, Path(cluster.state_dir) / "logs" / "operator.log", 30)
-        operator = op
+        op = operator = Operator(cluster.kubeconfig, Path(cluster.state_dir) / "logs" / "operator.log", 30)
 
-        def check() -> None:
+        def check() -> None:  # ``operator``: not Optional, unlike ``op``, which the cleanup below reads
             cluster.check()
             operator.check()
 
