@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from finetune_operator import admission, kueue
+from finetune_operator import admission, failpoints, kueue
 from finetune_operator.admission import Observed
 from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, ApiError, Conflict, Kube, Rejected
 from finetune_operator.kueue import WorkloadState
@@ -500,6 +500,7 @@ class Controller:
         resyncing: list[Any] = []
         try:
             while not stop.wait(0.5):
+                failpoints.hold(self.settings.failpoints_dir, "backstop-loop")
                 self.last_tick = time.monotonic()
                 self.metrics.backstop_tick.set_to_current_time()
                 try:

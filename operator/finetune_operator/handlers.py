@@ -19,7 +19,6 @@ from finetune_operator.controller import Controller
 from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
-BACKSTOP_STALE_SECONDS = 120.0  # the liveness probe fails when the backstop loop has not ticked for this long
 
 
 class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -88,7 +87,7 @@ def build_registry(
     def backstop(**_: Any) -> str:
         # The liveness endpoint answers 500 when the backstop loop stops ticking: kopf's watches may look fine while
         # every deadline, TTL and retry has stopped, and a restart is what fixes a stuck thread.
-        why = controller.healthy(max_age=BACKSTOP_STALE_SECONDS)
+        why = controller.healthy(max_age=controller.settings.backstop_stale_seconds)
         if why is not None:
             raise kopf.PermanentError(why)
         return "ticking"

@@ -39,6 +39,13 @@ def _int(name: str, default: int) -> int:
     return int(v) if v else default
 
 
+def _at_least(name: str, default: int, least: int) -> int:
+    v = _int(name, default)
+    if v < least:
+        raise ValueError(f"{name}={v}: must be at least {least}")
+    return v
+
+
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
     v = os.environ.get(name) or default
     if v not in allowed:
@@ -105,6 +112,8 @@ class Settings:
     metrics_port: int = 8080
     peering_lifetime_seconds: int = 60  # kopf peering: a crashed active replica blocks fail-over this long
     health_port: int = 8081
+    backstop_stale_seconds: int = 120  # the liveness probe fails when the backstop loop has not ticked for this long
+    failpoints_dir: str = ""  # fault tests only (finetune_operator.failpoints); empty: off
     # The trainer pods' user (and group) and fsGroup; None leaves them out for the platform to assign (OpenShift's
     # restricted-v2 SCC gives each namespace a UID range and refuses a runAsUser outside it).
     run_as_user: int | None = 1000
@@ -158,6 +167,8 @@ class Settings:
             metrics_port=_int("FINETUNE_METRICS_PORT", cls.metrics_port),
             peering_lifetime_seconds=_int("FINETUNE_PEERING_LIFETIME_SECONDS", cls.peering_lifetime_seconds),
             health_port=_int("FINETUNE_HEALTH_PORT", cls.health_port),
+            backstop_stale_seconds=_at_least("FINETUNE_BACKSTOP_STALE_SECONDS", cls.backstop_stale_seconds, 2),
+            failpoints_dir=os.environ.get("FINETUNE_FAILPOINTS_DIR", ""),
             allowed_image_prefixes=_list("FINETUNE_ALLOWED_IMAGE_PREFIXES"),
             allowed_priority_classes=_list("FINETUNE_ALLOWED_PRIORITY_CLASSES"),
             require_queue_name=os.environ.get("FINETUNE_REQUIRE_QUEUE_NAME", "false").lower() in ("1", "true", "yes"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,42 @@ def test_a_pass_holding_its_job_holds_up_no_other_job(cluster, api_client, names
         stop.set()
         loop.join(timeout=5)
     assert controller.healthy(max_age=0.0) is not None  # a loop that has stopped fails the liveness check
+
+
+def _healthz(port: int) -> int:
+    try:
+        return int(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_liveness_fails_while_the_backstop_loop_is_stuck(cluster, api_client, namespace, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The operator (a subprocess) with its backstop loop held at a failpoint (finetune_operator.failpoints): kopf's
+    /healthz, what the chart's liveness probe reads, answers 500 once the loop has not ticked for
+    FINETUNE_BACKSTOP_STALE_SECONDS, and 200 again when the loop runs; a deadline that came due meanwhile then fires."""
+    port = _free_port()
+    op = OperatorProcess(
+        cluster.kubeconfig,
+        namespace,
+        FINETUNE_HEALTH_PORT=str(port),
+        FINETUNE_BACKSTOP_STALE_SECONDS="3",
+        FINETUNE_FAILPOINTS_DIR=str(tmp_path),
+    ).start()
+    try:
+        wait_for(lambda: _healthz(port) == 200, timeout=60, what="the operator's /healthz to answer 200")
+        (tmp_path / "backstop-loop").touch()
+        # kopf caches a probe's answer for 10 s: 500 within the stale limit plus that
+        wait_for(lambda: _healthz(port) == 500, timeout=30, what="/healthz to fail while the loop is stuck")
+        assert "the backstop loop last ticked" in op.output()
+        jobs = Jobs(api_client, namespace)
+        jobs.create(make_job("late").set("activeDeadlineSeconds", 3).build())
+        (pod,) = jobs.wait_pods("late", 1)  # kopf's watches and handlers run: only the timer loop is stuck
+        FakeKubelet(api_client, namespace).run(pod.metadata.name)
+        time.sleep(5)
+        assert _healthz(port) == 500
+        (tmp_path / "backstop-loop").unlink()
+        wait_for(lambda: _healthz(port) == 200, timeout=30, what="/healthz to pass once the loop ticks again")
+        status = jobs.wait_state("late", "Failed", timeout=30)
+        assert status["failure"]["reason"] == "DeadlineExceeded"
+    finally:
+        op.stop()

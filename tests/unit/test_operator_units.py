@@ -166,6 +166,15 @@ def test_platform_defaults_for_trainer_pods_sit_under_the_jobs_own(monkeypatch: 
         Settings.from_env()
 
 
+def test_backstop_stale_limit_is_read_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env().backstop_stale_seconds == 120
+    monkeypatch.setenv("FINETUNE_BACKSTOP_STALE_SECONDS", "30")
+    assert Settings.from_env().backstop_stale_seconds == 30
+    monkeypatch.setenv("FINETUNE_BACKSTOP_STALE_SECONDS", "0")  # would fail every liveness check: a restart loop
+    with pytest.raises(ValueError, match="FINETUNE_BACKSTOP_STALE_SECONDS=0: must be at least 2"):
+        Settings.from_env()
+
+
 def test_pod_is_restricted_and_uses_references_for_secrets() -> None:
     spec = parse_spec(
         base_spec(
