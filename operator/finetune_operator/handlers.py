@@ -113,8 +113,18 @@ def build_registry(
         if type == "DELETED":
             controller.forget((ns, name))
             return
-        if store is not None and not store.put_job(_plain(body)):
-            return  # the echo of this operator's own status write (or an older version): nothing new
+        if store is not None:
+            fresh = store.put_job(_plain(body))
+            if type is None:
+                # kopf's listing (at start, or after a 410): deletions in the gap are never delivered, and a pod
+                # watch whose relist finds no trainer pod at all delivers nothing, so the jobs' listing also makes
+                # each job's pods listed again, and each listed job gets a pass.
+                if store.relisted():
+                    log.info(
+                        "the job watch listed its jobs (at start, or after a gap): each job's pods are listed again"
+                    )
+            elif not fresh:
+                return  # the echo of this operator's own status write (or an older version): nothing new
         await run_pass(ns, name)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)

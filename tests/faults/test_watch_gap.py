@@ -8,7 +8,8 @@ tests/faults/apiproxy.FaultProxy). Mocked: the kubelet (FakeKubelet writes pod s
 The invariants: the operator notices the missing rank from the relist (the gang restarts within seconds), instead of
 serving the deleted pod from its cache until its periodic list (ten backstop ticks: 300 s at the default 30 s); no
 attempt's pods are created while another attempt's still exist, each rank once per attempt; the job re-created in
-the gap gets pods owned by its new uid only, none for the dead one.
+the gap gets pods owned by its new uid only, none for the dead one. When the gap leaves no trainer pod at all, the
+pod watch's relist delivers nothing: the job watch's relist is what makes the job's pods listed again.
 """
 
 from __future__ import annotations
@@ -113,3 +114,51 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
     owners = {o.uid for o in ghost_pod.metadata.owner_references or []}
     assert owners == {new_uid} and dead_uid not in owners
     assert seen.pods_created["ghost"] == 2  # the dead job's one pod and the new job's one: none for the dead uid
+
+
+def test_a_gap_that_leaves_no_trainer_pod_is_noticed_from_the_jobs_relist(
+    cluster,
+    api_client,
+    namespace,  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:
+    """The only trainer pod in the operator's sight is deleted in the gap: the pod watch's relist then delivers no
+    event at all, and the job's is what makes its pods listed again (the gang restarts within seconds, not at the
+    periodic list)."""
+    server, tls = upstream_of(cluster.kubeconfig, tmp_path)
+    proxy = FaultProxy(server, tls, rate=0.0, seed=2, watch_cut_s=None).start()
+    jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
+    op = OperatorProcess(
+        proxy.write_kubeconfig(tmp_path / "proxy.kubeconfig"), namespace, FINETUNE_RESYNC_SECONDS=str(RESYNC_SECONDS)
+    ).start()
+    seen = Observed()
+    pod_watch = PodWatch(api_client, namespace, seen)
+    pod_watch.start()
+    try:
+        jobs.create(make_job("alone").max_restarts(2).build())
+        (pod,) = jobs.wait_pods("alone", 1, attempt=0)
+        kubelet.run(pod.metadata.name)
+        jobs.wait_state("alone", "Running", timeout=60)
+        time.sleep(2)  # the Running pod reaches the operator's cache
+        proxy.hold_watches()
+        time.sleep(1)
+        client.CoreV1Api(api_client).delete_namespaced_pod("alone-node-0", namespace, grace_period_seconds=0)
+        wait_for(lambda: not jobs.pods("alone"), timeout=20, what="the job's only pod to be gone")
+        time.sleep(1)
+        relisted = time.monotonic()
+        proxy.expire_watches()
+        wait_for(
+            lambda: (jobs.status("alone").get("attempt") or 0) >= 1,
+            timeout=NOTICED_WITHIN,
+            what="the gang restart for the pod deleted in the gap",
+        )
+        noticed = time.monotonic() - relisted
+        jobs.wait_pods("alone", 1, attempt=1)
+        time.sleep(2)  # what the pod watch has left to see
+    finally:
+        pod_watch.stop.set()
+        op.stop()
+        proxy.stop()
+    print(json.dumps({"scenario": "the only trainer pod deleted in a watch gap", "noticed_s": round(noticed, 1)}))
+    assert seen.overlaps == [], seen.overlaps
+    assert seen.attempts["alone"] == {0, 1} and seen.pods_created["alone"] == 2
