@@ -85,8 +85,8 @@ verify: ## fail when generated files drift from their sources
 test-faults: setup ## fault injection: operator SIGKILLs at random moments, invariants checked, figures printed
 	@$(PY) -m pytest -m faults -s
 
-soak: setup ## the long fault-injection run (120 operator kills, 20 rank kills, 3 API-error rounds); figures in /tmp/finetune-soak*.json
-	@FAULTS_KILLS=120 FAULTS_RANK_KILLS=20 FAULTS_API_ROUNDS=3 FAULTS_WRITE_KILL_SCRIPTS=fail-evict-fail,fail-once,evict-once \
+soak: setup ## the long fault-injection run (120 operator kills, 50 with hostile metrics pages, 20 rank kills, 3 API-error rounds); figures in /tmp/finetune-soak*.json
+	@FAULTS_KILLS=120 FAULTS_HOSTILE_KILLS=50 FAULTS_RANK_KILLS=20 FAULTS_API_ROUNDS=3 FAULTS_WRITE_KILL_SCRIPTS=fail-evict-fail,fail-once,evict-once \
 		FAULTS_REPORT=/tmp/finetune-soak.json $(PY) -m pytest -m faults -s -o timeout=3600
 
 test-e2e: setup ## the ONNX Runtime job end to end: operator + local node agent + the ORT trainer (root)

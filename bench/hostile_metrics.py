@@ -26,10 +26,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -39,55 +37,11 @@ sys.path.insert(0, str(ROOT))
 from bench.common import GROUP, NAMESPACE, PLURAL, VERSION, Api, job_manifest, wait_for  # noqa: E402
 from bench.operator_scale import Operator, parse_prometheus, percentile  # noqa: E402
 from hack.localcluster.cluster import BIN_DIR, LocalCluster  # noqa: E402
+from hack.metrics_pages import T0, serve  # noqa: E402
 
 HEALTHY_IP, STILL_IP, TRICKLE_IP, HUGE_IP, ABSURD_IP = (f"127.0.0.{i}" for i in (10, 11, 12, 13, 14))
-PORT = 9400
 JOBS = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
-T0 = time.time()
-
-
-def page(kind: str) -> bytes:
-    if kind == "healthy":  # the trainer's own gauges; the step moves every second
-        step = int(time.time() - T0)
-        return f"finetune_train_total_steps 100000\nfinetune_train_step {step}\nfinetune_train_loss 0.5\n".encode()
-    if kind == "still":
-        return b"finetune_train_total_steps 100000\nfinetune_train_step 7\nfinetune_train_loss 0.5\n"
-    if kind == "huge":
-        return b"".join(b'padding{i="%d"} %d\n' % (i, i) for i in range(40_000))[: 1 << 20]
-    return (  # absurd
-        b"finetune_train_total_steps 1e19\nfinetune_train_step -4\nfinetune_train_loss NaN\n"
-        b"finetune_train_samples_per_second 1e300\nfinetune_train_eta_seconds -1\n"
-    )
-
-
-def serve(ip: str, kind: str) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *_: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            if kind == "trickle":
-                self.send_header("Content-Length", str(1 << 20))
-                self.end_headers()
-                try:
-                    while True:
-                        self.wfile.write(b"#")
-                        self.wfile.flush()
-                        time.sleep(0.2)
-                except OSError:
-                    return  # the scraper gave up on it
-            body = page(kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = ThreadingHTTPServer((ip, PORT), Handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
 
 
 def run_pods(api: Api, names: list[str], ip_of: dict[str, str]) -> None:

@@ -10,7 +10,7 @@ import contextlib
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,15 +106,24 @@ class PodWatch(threading.Thread):
 
 
 class ScriptedKubelet(threading.Thread):
-    """Runs each new trainer pod, and after RUN_SECONDS ends it as the job's script says for that attempt."""
+    """Runs each new trainer pod, and after ``run_seconds`` ends it as the job's script says for that attempt. A pod's
+    IP is ``ip_of(job, rank)`` (where its metrics page is served), 10.0.0.1 without it."""
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        *,
+        ip_of: Callable[[str, int], str] | None = None,
+        run_seconds: float = RUN_SECONDS,
+    ) -> None:
         super().__init__(daemon=True)
         self.core, self.kubelet = client.CoreV1Api(api), FakeKubelet(api, namespace)
         self.ns = namespace
         self.started: dict[str, float] = {}  # pod uid → when it was run
         self.stop = threading.Event()
         self.scripts = {s.name: s for s in SCRIPTS}
+        self.ip_of, self.run_seconds = ip_of, run_seconds
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
@@ -131,10 +140,11 @@ class ScriptedKubelet(threading.Thread):
             attempt = int(pod.metadata.labels["finetune.dev/attempt"])
             rank = int(pod.metadata.labels["finetune.dev/node-rank"])
             if uid not in self.started:
-                self.kubelet.run(name)
+                job = pod.metadata.labels["finetune.dev/job-name"]
+                self.kubelet.run(name, self.ip_of(job, rank) if self.ip_of else "10.0.0.1")
                 self.started[uid] = time.monotonic()
                 continue
-            if time.monotonic() - self.started[uid] < RUN_SECONDS:
+            if time.monotonic() - self.started[uid] < self.run_seconds:
                 continue
             outcome = script.outcomes[min(attempt, len(script.outcomes) - 1)]
             if outcome == "fail" and rank == 1:

@@ -7,21 +7,27 @@ here.
 Invariants, checked on every pod event and at the end of each round: a job's attempts never overlap (no pod of
 attempt k+1 while a pod of attempt k exists), every job ends in the state and with the counters its script implies
 (each injected failure counted exactly once, whatever the kills), each rank is created once per attempt, no event
-storm, no write to a settled job. Figures go to $FAULTS_REPORT (JSON) when set; ``make soak`` runs the long version
+storm, no write to a settled job. The second scenario runs the same rounds while every rank 0 serves a hostile metrics
+page (hack/metrics_pages.py, on loopback addresses the pods report as their IP), and adds: every progress value in
+the status is one it can hold. Figures go to $FAULTS_REPORT (JSON) when set; ``make soak`` runs the long version
 (FAULTS_KILLS=120).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from hack.metrics_pages import HOSTILE, serve
 from tests.faults.harness import (
     KILLS_PER_ROUND,
     SCRIPTS,
@@ -38,46 +44,63 @@ KILLS = max(1, int(os.environ.get("FAULTS_KILLS", "25")))
 SEED = int(os.environ.get("FAULTS_SEED", "7"))
 
 
-def test_operator_sigkill_at_random_moments(cluster, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+HOSTILE_KILLS = max(1, int(os.environ.get("FAULTS_HOSTILE_KILLS", "10")))
+PAGE_IPS = {kind: f"127.0.0.{21 + i}" for i, kind in enumerate(HOSTILE)}  # each page on its own loopback address
+
+
+def kill_rounds(
+    cluster: Any,
+    api_client: Any,
+    namespace: str,
+    *,
+    kills: int,
+    scenario: str,
+    kubelet: dict[str, Any],
+    env: dict[str, str],
+    check: Callable[[Jobs, list[str]], list[str]] = lambda jobs, names: [],
+) -> dict[str, Any]:
+    """Rounds of the scripted jobs while the operator is SIGKILLed ``kills`` times after a random 0.2-3 s of life
+    each; every round checked against the invariants (and ``check``, which returns what it found wrong)."""
     rng = random.Random(SEED)
     jobs = Jobs(api_client, namespace)
     seen = Observed()
-    podwatch, kubelet = PodWatch(api_client, namespace, seen), ScriptedKubelet(api_client, namespace)
+    podwatch, scripted = PodWatch(api_client, namespace, seen), ScriptedKubelet(api_client, namespace, **kubelet)
     podwatch.start()
-    kubelet.start()
-    kills, lifetimes, settle, gaps, events, wrong = 0, [], [], [], [], {}
-    quiet_writes = 0
-    op = OperatorProcess(cluster.kubeconfig, namespace).start()
+    scripted.start()
+    done, lifetimes, settle, gaps, events, wrong = 0, [], [], [], [], {}
+    quiet_writes, found = 0, []
+    op = OperatorProcess(cluster.kubeconfig, namespace, **env).start()
     try:
-        for r in range(max(1, -(-KILLS // KILLS_PER_ROUND))):
+        for r in range(max(1, -(-kills // KILLS_PER_ROUND))):
             for s in SCRIPTS:
                 jobs.create(make_job(f"{s.name}-{r}").nodes(s.nodes).max_restarts(s.max_restarts).build())
-            for _ in range(min(KILLS_PER_ROUND, KILLS - kills)):
+            for _ in range(min(KILLS_PER_ROUND, kills - done)):
                 life = rng.uniform(0.2, 3.0)
                 time.sleep(life)
                 op.stop(signal.SIGKILL)
-                kills += 1
+                done += 1
                 lifetimes.append(life)
-                op = OperatorProcess(cluster.kubeconfig, namespace).start()
+                op = OperatorProcess(cluster.kubeconfig, namespace, **env).start()
             started = time.monotonic()
             finals = {f"{s.name}-{r}": jobs.wait_state(f"{s.name}-{r}", s.state, timeout=180) for s in SCRIPTS}
             settle.append(time.monotonic() - started)
             quiet_writes += writes_after_settling(jobs, finals)
             wrong |= check_round(jobs, seen, finals, r)
+            found += check(jobs, list(finals))
             gaps += [st["lastRestartGapSeconds"] for st in finals.values() if "lastRestartGapSeconds" in st]
             events += [len(jobs.events(n)) for n in finals]
     finally:
         op.stop()
         podwatch.stop.set()
-        kubelet.stop.set()
+        scripted.stop.set()
     report = {
-        "scenario": "operator SIGKILL at random moments",
+        "scenario": scenario,
         "seed": SEED,
-        "kills": kills,
+        "kills": done,
         "rounds": len(settle),
         "jobs": len(settle) * len(SCRIPTS),
         "operator_lifetime_s": {"min": round(min(lifetimes), 2), "max": round(max(lifetimes), 2)},
-        "violations": len(seen.overlaps) + len(wrong) + quiet_writes,
+        "violations": len(seen.overlaps) + len(wrong) + quiet_writes + len(found),
         "attempt_overlaps": len(seen.overlaps),
         "wrong_outcomes": len(wrong),
         "quiet_writes": quiet_writes,
@@ -87,8 +110,63 @@ def test_operator_sigkill_at_random_moments(cluster, api_client, namespace) -> N
         "pods_created": sum(seen.pods_created.values()),
     }
     print(json.dumps(report))
-    if out := os.environ.get("FAULTS_REPORT"):
-        Path(out).write_text(json.dumps(report, indent=2))
     assert seen.overlaps == [], seen.overlaps
     assert wrong == {}, wrong
     assert quiet_writes == 0, "a settled job was written again after an operator restart"
+    assert found == [], found
+    return report
+
+
+def test_operator_sigkill_at_random_moments(cluster, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    report = kill_rounds(
+        cluster, api_client, namespace, kills=KILLS, scenario="operator SIGKILL at random moments", kubelet={}, env={}
+    )
+    if out := os.environ.get("FAULTS_REPORT"):
+        Path(out).write_text(json.dumps(report, indent=2))
+
+
+def _progress_the_status_can_hold(jobs: Jobs, names: list[str]) -> list[str]:
+    """Every progress value written is finite and in range: what a hostile page said beyond that was left out."""
+    bad = []
+    for name in names:
+        progress = jobs.status(name).get("progress") or {}
+        for field, value in progress.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if not math.isfinite(value) or abs(value) > 1e15 or (isinstance(value, int) and value < 0):
+                bad.append(f"{name}: status.progress.{field} = {value!r}")
+    return bad
+
+
+def test_operator_sigkill_with_hostile_metrics_pages(cluster, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    """The same rounds, with every rank 0 serving a hostile metrics page (a job's kind by its script: trickled
+    without end, 1 MiB, absurd values, or a sane total beside overflows, NaN and negative counters), each pod running
+    4 s and progress scraped every second, so scrapes are in flight at every kill. The same invariants, and every
+    progress value in a job's status is one the status can hold."""
+    servers = [serve(ip, kind) for kind, ip in PAGE_IPS.items()]
+    kind_of = {s.name: HOSTILE[i % len(HOSTILE)] for i, s in enumerate(SCRIPTS)}
+    try:
+        report = kill_rounds(
+            cluster,
+            api_client,
+            namespace,
+            kills=HOSTILE_KILLS,
+            scenario="operator SIGKILL at random moments, hostile metrics pages",
+            kubelet={
+                "ip_of": lambda job, rank: PAGE_IPS[kind_of[job.rsplit("-", 1)[0]]] if rank == 0 else "10.0.0.1",
+                "run_seconds": 4.0,
+            },
+            env={"FINETUNE_PROGRESS_INTERVAL_SECONDS": "1"},
+            check=_progress_the_status_can_hold,
+        )
+    finally:
+        for srv in servers:
+            srv.shutdown()
+    overflow = next(s.name for s in SCRIPTS if kind_of[s.name] == "overflow")
+    progress = Jobs(api_client, namespace).status(f"{overflow}-0").get("progress") or {}
+    print(json.dumps({"overflow_page_progress": progress}))
+    # Its page was scraped and written: the sane values kept, every other one left out.
+    assert progress.get("totalSteps") == 100 and progress.get("tokensPerSecond") == 2e14, progress
+    assert progress.get("step", 0) == 0, progress  # the overflowing step was not written (0: none reported yet)
+    left_out = {"loss", "samplesPerSecond", "etaSeconds", "epoch", "lastCheckpointStep"}
+    assert not left_out & progress.keys(), progress
