@@ -34,7 +34,8 @@ def page(kind: str) -> bytes:
     return (  # overflow: a total the status can hold, so the rest is written beside it (or must be left out)
         b"finetune_train_total_steps 100\nfinetune_train_step 9223372036854775807\nfinetune_train_loss NaN\n"
         b"finetune_train_samples_per_second 1e300\nfinetune_train_eta_seconds -1\nfinetune_train_epoch -Inf\n"
-        b"finetune_train_tokens_per_second 1e14\nfinetune_checkpoint_last_step -4\nfinetune_train_learning_rate 1e-300\n"
+        b"finetune_train_tokens_per_second 1e14\nfinetune_checkpoint_last_step -4\n"
+        b"finetune_train_learning_rate 1e-300\n"
     )
 
 

@@ -146,7 +146,7 @@ def test_operator_sigkill_with_hostile_metrics_pages(cluster, api_client, namesp
     servers = [serve(ip, kind) for kind, ip in PAGE_IPS.items()]
     kind_of = {s.name: HOSTILE[i % len(HOSTILE)] for i, s in enumerate(SCRIPTS)}
     try:
-        report = kill_rounds(
+        kill_rounds(
             cluster,
             api_client,
             namespace,
