@@ -65,6 +65,27 @@ def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
     return None
 
 
+def _toleration_refused(spec: JobSpec, settings: Settings) -> Violation | None:
+    """A toleration whose key is not allowed lets the job onto nodes tainted for someone else; one without a key
+    (operator Exists) tolerates every taint. The platform's own ``trainer.tolerations`` are not the job's."""
+    allowed = ", ".join(settings.allowed_toleration_keys)
+    for i, toleration in enumerate(spec.pod_template.tolerations):
+        key = toleration.get("key")
+        if not key:
+            return Violation(
+                "InvalidSpec",
+                f"spec.podTemplate.tolerations[{i}]: a toleration without a key tolerates every taint; name one of "
+                f"the allowed keys: {allowed} (Helm value guardrails.allowedTolerationKeys)",
+            )
+        if key not in settings.allowed_toleration_keys:
+            return Violation(
+                "InvalidSpec",
+                f"spec.podTemplate.tolerations[{i}].key: {key} is not allowed; allowed: {allowed} (Helm value "
+                "guardrails.allowedTolerationKeys)",
+            )
+    return None
+
+
 def _always(ref: JobRef, spec: JobSpec) -> Violation | None:
     """What no platform setting allows."""
     for i, e in enumerate(spec.env):
@@ -147,6 +168,16 @@ def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
             f"spec.podTemplate.serviceAccountName: {sa} is not allowed; allowed: {allowed} "
             "(Helm value guardrails.allowedServiceAccounts); a ServiceAccount's token and cloud role "
             "would reach the job's code",
+        )
+    if settings.allowed_toleration_keys and (refused := _toleration_refused(spec, settings)) is not None:
+        return refused
+    scheduler = spec.pod_template.scheduler_name
+    if settings.allowed_schedulers and scheduler is not None and scheduler not in settings.allowed_schedulers:
+        allowed = ", ".join(settings.allowed_schedulers)
+        return Violation(
+            "InvalidSpec",
+            f"spec.podTemplate.schedulerName: {scheduler} is not allowed; allowed: {allowed} (Helm value "
+            "guardrails.allowedSchedulers); leave it out for the cluster's default scheduler",
         )
     if spec.model.trust_remote_code and not settings.allow_trust_remote_code:
         return Violation(

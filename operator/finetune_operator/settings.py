@@ -124,6 +124,8 @@ class Settings:
     allow_trust_remote_code: bool = True  # False: spec.model.trustRemoteCode is refused
     require_queue_name: bool = False  # True: every job must name a Kueue LocalQueue (spec.queueName)
     allowed_service_accounts: tuple[str, ...] = ()  # spec.podTemplate.serviceAccountName must be one of these
+    allowed_toleration_keys: tuple[str, ...] = ()  # every toleration of spec.podTemplate must have one of these keys
+    allowed_schedulers: tuple[str, ...] = ()  # spec.podTemplate.schedulerName must be one of these
     max_nodes_per_job: int = 0
     max_gpus_per_job: int = 0
     max_nodes_per_namespace: int = 0  # across the namespace's active jobs; a job over it waits (QuotaExceeded)
@@ -173,6 +175,8 @@ class Settings:
             allowed_priority_classes=_list("FINETUNE_ALLOWED_PRIORITY_CLASSES"),
             require_queue_name=os.environ.get("FINETUNE_REQUIRE_QUEUE_NAME", "false").lower() in ("1", "true", "yes"),
             allowed_service_accounts=_list("FINETUNE_ALLOWED_SERVICE_ACCOUNTS"),
+            allowed_toleration_keys=_list("FINETUNE_ALLOWED_TOLERATION_KEYS"),
+            allowed_schedulers=_list("FINETUNE_ALLOWED_SCHEDULERS"),
             allow_trust_remote_code=os.environ.get("FINETUNE_ALLOW_TRUST_REMOTE_CODE", "true").lower()
             not in ("0", "false", "no"),
             max_nodes_per_job=_int("FINETUNE_MAX_NODES_PER_JOB", 0),

@@ -72,6 +72,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "guardrails": {
             "allowedImagePrefixes": ["registry.example.com/ml/"],
             "allowedPriorityClasses": ["train-low"],
+            "allowedTolerationKeys": ["spot", "nvidia.com/gpu"],
+            "allowedSchedulers": ["volcano"],
             "maxNodesPerJob": 16,
             "maxGpusPerJob": 128,
         },

@@ -105,6 +105,8 @@ def test_gpu_resource_quota_is_a_condition_not_a_failure(
             "FINETUNE_ALLOWED_PRIORITY_CLASSES": "batch-low",
             "FINETUNE_MAX_NODES_PER_JOB": "4",
             "FINETUNE_MAX_GPUS_PER_JOB": "16",
+            "FINETUNE_ALLOWED_TOLERATION_KEYS": "spot,nvidia.com/gpu",
+            "FINETUNE_ALLOWED_SCHEDULERS": "volcano",
         }
     ],
 )
@@ -115,6 +117,16 @@ def test_each_per_job_guardrail_fails_the_job_naming_the_limit(jobs: Jobs, opera
             make_job("prio").set("podTemplate", {"priorityClassName": "vip"}),
             "InvalidSpec",
             "allowedPriorityClasses",
+        ),
+        "tolerate": (
+            make_job("tolerate").set("podTemplate", {"tolerations": [{"key": "team-b", "operator": "Exists"}]}),
+            "InvalidSpec",
+            "allowedTolerationKeys",
+        ),
+        "sched": (
+            make_job("sched").set("podTemplate", {"schedulerName": "my-scheduler"}),
+            "InvalidSpec",
+            "allowedSchedulers",
         ),
         "wide": (make_job("wide").nodes(8), "QuotaExceeded", "maxNodesPerJob"),
         "gpus": (gpu_job("gpus", nodes=3), "QuotaExceeded", "maxGpusPerJob"),

@@ -960,6 +960,33 @@ PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="
             "InvalidSpec",
             ["spec.podTemplate.serviceAccountName", "admin", "trainer", "guardrails.allowedServiceAccounts"],
         ),
+        (
+            {
+                "podTemplate": {
+                    "tolerations": [{"key": "spot", "operator": "Exists"}, {"key": "team-b", "operator": "Exists"}]
+                }
+            },
+            Settings(allowed_toleration_keys=("spot", "nvidia.com/gpu")),
+            "InvalidSpec",
+            [
+                "spec.podTemplate.tolerations[1].key",
+                "team-b",
+                "spot, nvidia.com/gpu",
+                "guardrails.allowedTolerationKeys",
+            ],
+        ),
+        (
+            {"podTemplate": {"tolerations": [{"operator": "Exists"}]}},
+            Settings(allowed_toleration_keys=("spot",)),
+            "InvalidSpec",
+            ["spec.podTemplate.tolerations[0]", "every taint", "guardrails.allowedTolerationKeys"],
+        ),
+        (
+            {"podTemplate": {"schedulerName": "my-scheduler"}},
+            Settings(allowed_schedulers=("volcano",)),
+            "InvalidSpec",
+            ["spec.podTemplate.schedulerName", "my-scheduler", "volcano", "guardrails.allowedSchedulers"],
+        ),
     ],
     ids=[
         "image",
@@ -979,6 +1006,9 @@ PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="
         "dot-dot-output",
         "queue-required",
         "service-account",
+        "toleration-key",
+        "toleration-without-key",
+        "scheduler",
     ],
 )
 def test_guardrails_fail_the_job_naming_the_limit(spec_over, settings, reason, words) -> None:  # type: ignore[no-untyped-def]
@@ -1036,6 +1066,12 @@ def test_guardrails_allow_what_is_allowed() -> None:
         ({"queueName": "team-a"}, Settings(require_queue_name=True)),
         ({"podTemplate": {"serviceAccountName": "trainer"}}, Settings(allowed_service_accounts=("trainer",))),
         ({}, Settings(allowed_service_accounts=("trainer",))),  # no ServiceAccount named: no token at all
+        (
+            {"podTemplate": {"tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]}},
+            Settings(allowed_toleration_keys=("spot",)),
+        ),
+        ({"podTemplate": {"schedulerName": "volcano"}}, Settings(allowed_schedulers=("volcano",))),
+        ({}, Settings(allowed_schedulers=("volcano",), allowed_toleration_keys=("spot",))),  # the defaults
     ]
     for over, settings in allowed:
         assert decided(job(**over), [], settings=settings).status.state == "Created", over
