@@ -16,6 +16,7 @@ The ``finetune`` command (jobctl) is a thin layer over this module: it maps thes
 
 from __future__ import annotations
 
+import copy
 import queue
 import sys
 import threading
@@ -184,6 +185,25 @@ def typed_patch_errors(message: str) -> list[str]:
     return [line.strip() for line in tail.removeprefix("errors:").splitlines() if line.strip()] or [message]
 
 
+def without_field(job: dict[str, Any], error: str) -> dict[str, Any] | None:
+    """A copy of ``job`` without the field a typed-patch error names (".spec.training.learningRate: expected
+    numeric..."), so that a second dry run can report the rest; None when the path is not a plain one of map keys."""
+    path = error.split(":", 1)[0].strip().removeprefix(".")
+    keys = path.split(".")
+    if not path or any(not k or not k.replace("-", "").replace("_", "").isalnum() for k in keys):
+        return None
+    out = copy.deepcopy(job)
+    node: Any = out
+    for key in keys[:-1]:
+        node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            return None
+    if keys[-1] not in node:
+        return None
+    del node[keys[-1]]
+    return out
+
+
 def merged_errors(local: list[str], server: list[str]) -> list[str]:
     """Every error of a manifest at once: the typed spec's, then the server's about fields the typed spec did not
     already name (both check some of the same rules; each field is reported once)."""
@@ -309,18 +329,28 @@ class FineTuneClient:
 
     def server_errors(self, job: dict[str, Any]) -> list[str]:
         """What the API server refuses in a dry run (the CRD's schema and CEL rules, admission)."""
-        try:
-            self.kube.apply_job(job, dry_run=True)
-        except Rejected as e:
-            # One line per invalid field when the server lists them (a 422 does), else its message.
-            return [f"{f}: {m}" if f else m for f, m in e.causes] or [e.message]
-        except ApiError as e:
-            # Server-side apply answers a field the schema does not declare with a 500 ("failed to create typed patch
-            # object (...): .spec.x: field not declared in schema"): the manifest's fault, not the server's.
-            if e.code == 500 and "failed to create typed patch object" in e.message:
-                return typed_patch_errors(e.message)
-            raise
-        return []
+        found: list[str] = []
+        for _ in range(8):
+            try:
+                self.kube.apply_job(job, dry_run=True)
+            except Rejected as e:
+                # One line per invalid field when the server lists them (a 422 does), else its message.
+                return found + ([f"{f}: {m}" if f else m for f, m in e.causes] or [e.message])
+            except ApiError as e:
+                # Server-side apply answers a field the schema does not declare, or of the wrong type, with a 500
+                # ("failed to create typed patch object (...): .spec.x: ...") before any other check: the manifest's
+                # fault, not the server's. Those fields are left out of one more dry run, which reports the rest.
+                if not (e.code == 500 and "failed to create typed patch object" in e.message):
+                    raise
+                errors = typed_patch_errors(e.message)
+                found += errors
+                for error in errors:
+                    if (smaller := without_field(job, error)) is None:
+                        return found
+                    job = smaller
+                continue
+            return found
+        return found
 
     def check(self, source: str | Path | dict[str, Any], *, offline: bool = False) -> tuple[dict[str, Any], list[str]]:
         """The manifest and every error in it, each with its field: the typed spec's, then (unless ``offline``) a

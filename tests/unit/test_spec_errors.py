@@ -169,3 +169,15 @@ def test_server_side_apply_errors_become_one_line_per_field(message: str, lines:
         "spec.training.learningRate: must be a number, got 'fast'",
         lines[-1],
     ]
+
+
+def test_a_field_server_side_apply_cannot_type_is_left_out_of_the_next_dry_run() -> None:
+    """Server-side apply stops at the fields it cannot type; `finetune validate` drops those and dry-runs again, so the
+    schema and CEL errors of the rest come in the same run. Only plain paths of map keys are dropped."""
+    job = {"spec": {"nodes": 0, "training": {"learningRate": "fast", "maxSteps": 5}}}
+    smaller = client.without_field(job, ".spec.training.learningRate: expected numeric (int or float), got string")
+    assert smaller == {"spec": {"nodes": 0, "training": {"maxSteps": 5}}}
+    assert job["spec"]["training"]["learningRate"] == "fast"  # the manifest itself is untouched
+    assert client.without_field(job, '.spec.env[name="X"].value: expected string') is None
+    assert client.without_field(job, ".spec.training.nothing: field not declared in schema") is None
+    assert client.without_field(job, "not a field path at all") is None

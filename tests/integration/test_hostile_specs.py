@@ -1,0 +1,113 @@
+"""A corpus of hostile and mistaken FineTuneJobs, each applied to the real API server with the operator running, and
+checked with ``finetune validate`` (the Python client's ``check``, which the CLI prints): every one is caught before
+any pod exists, by the API server (schema and CEL: the object is never stored) or by the operator (``Failed``,
+condition ``InvalidSpec``), and both answers name the field.
+
+Real: kube-apiserver, etcd, the CRD with its CEL rules, the operator (a subprocess). Nothing runs pods here: a pod
+created at all is the failure. The table of answers is printed (``-s``) and kept in docs/security.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from finetune_operator.client import FineTuneClient
+from kubernetes.client.exceptions import ApiException
+
+from tests.integration.harness import Jobs, OperatorProcess, make_job
+
+pytestmark = pytest.mark.integration
+
+_GPU = {"limits": {"nvidia.com/gpu": 1}}
+# name, where the mistake goes (dotted path under spec), its value, the field both answers must name
+CORPUS: list[tuple[str, str, Any, str]] = [
+    ("unknown-arg", "training.extraArgs", {"warmup_ratios": 0.1}, "spec.training.extraArgs.warmup_ratios"),
+    ("wrong-type-arg", "training.extraArgs", {"max_grad_norm": "big"}, "spec.training.extraArgs.max_grad_norm"),
+    ("removed-arg", "training.extraArgs", {"warmup_ratio": 0.1}, "spec.training.extraArgs.warmup_ratio"),
+    ("missing-integration", "training.extraArgs", {"deepspeed": "/etc/passwd"}, "spec.training.extraArgs.deepspeed"),
+    ("reserved-arg", "training.extraArgs", {"output_dir": "/tmp/x"}, "spec.training.extraArgs.output_dir"),
+    ("report-to", "training.extraArgs", {"report_to": ["wandb"]}, "spec.training.extraArgs.report_to"),
+    ("learning-rate-word", "training.learningRate", "fast", "spec.training.learningRate"),
+    ("negative-steps", "training.maxSteps", -5, "spec.training.maxSteps"),
+    ("zero-nodes", "nodes", 0, "spec.nodes"),
+    ("acceleration", "acceleration", "turbo", "spec.acceleration"),
+    ("task", "task", "world-domination", "spec.task"),
+    ("output-escape", "output.path", "../other-team/ckpt", "spec.output.path"),
+    ("mount-double-slash", "podTemplate.volumes", [{"name": "v", "mountPath": "//usr", "emptyDir": {}}], "mountPath"),
+    (
+        "mount-dot-dot",
+        "podTemplate.volumes",
+        [{"name": "v", "mountPath": "/data/../usr", "emptyDir": {}}],
+        "mountPath",
+    ),
+    ("mount-dot", "podTemplate.volumes", [{"name": "v", "mountPath": "/./opt/venv", "emptyDir": {}}], "mountPath"),
+    ("gpu-visibility", "env", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}], "spec.env"),
+    ("fractional-gpu", "resources", {"limits": {"nvidia.com/gpu": "0.5"}}, "spec.resources"),
+    ("negative-deadline", "activeDeadlineSeconds", -1, "spec.activeDeadlineSeconds"),
+    ("lora-rank-zero", "training.lora", {"r": 0}, "spec.training.lora.r"),
+    ("procs-zero", "procsPerNode", 0, "spec.procsPerNode"),
+    ("token-inline", "hfTokenSecretRef", "hf_abcdef", "spec.hfTokenSecretRef"),
+    ("unknown-sharding", "training.sharding", "zero3", "spec.training.sharding"),
+    ("quantize-on-cpu", "training.lora", {"r": 8, "quantization": "4bit"}, "spec.training.lora.quantization"),
+]
+
+
+def _manifest(name: str, path: str, value: Any, namespace: str) -> dict[str, Any]:
+    manifest = make_job(name).set(path, value).build()
+    manifest["metadata"]["namespace"] = namespace
+    return manifest
+
+
+@pytest.fixture
+def operator(cluster, namespace) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
+    op = OperatorProcess(cluster.kubeconfig, namespace).start()
+    yield op
+    op.stop()
+
+
+def test_every_hostile_spec_is_caught_before_any_pod_naming_its_field(
+    cluster,
+    api_client,
+    namespace,
+    operator,  # type: ignore[no-untyped-def]
+) -> None:
+    jobs = Jobs(api_client, namespace)
+    ft = FineTuneClient(namespace, kubeconfig=cluster.kubeconfig)
+    answers: dict[str, dict[str, str]] = {}
+    for name, path, value, field in CORPUS:
+        manifest = _manifest(name, path, value, namespace)
+        _, errors = ft.check(manifest)
+        validate = [e for e in errors if field in e]
+        assert validate, f"{name}: finetune validate did not name {field}: {errors}"
+        try:
+            jobs.create(manifest)
+            answers[name] = {"validate": validate[0], "server": "stored"}
+        except ApiException as e:
+            assert e.status == 422 and field.split(".")[-1] in e.body, f"{name}: {e.status} {e.body}"
+            message = json.loads(e.body)["message"]
+            answers[name] = {"validate": validate[0], "server": "refused", "answer": message}
+    for name, _, _, field in CORPUS:
+        if answers[name]["server"] != "stored":
+            continue
+        status = jobs.wait_state(name, "Failed", timeout=60)
+        cond = jobs.condition(name, "InvalidSpec")
+        assert cond is not None and cond["status"] == "True", (name, status)
+        assert field in cond["message"], f"{name}: the operator's condition does not name {field}: {cond['message']}"
+        answers[name]["answer"] = cond["message"]
+    for name, *_ in CORPUS:
+        assert jobs.pods(name) == [], f"{name}: pods were created"
+    for name, a in answers.items():
+        print(f"| {name} | {a['server']} | {a['answer'][:160]} | {a['validate'][:160]} |")
+
+
+def test_validate_reports_every_mistake_of_a_manifest_at_once(cluster, namespace) -> None:  # type: ignore[no-untyped-def]
+    """Three mistakes, one run: the typed spec's errors and the server dry run's, each with its field."""
+    manifest = _manifest("three", "training.learningRate", "fast", namespace)
+    manifest["spec"]["nodes"] = 0
+    manifest["spec"]["training"]["extraArgs"] = {"warmup_ratios": 0.1}
+    _, errors = FineTuneClient(namespace, kubeconfig=cluster.kubeconfig).check(manifest)
+    for field in ("spec.training.learningRate", "spec.nodes", "spec.training.extraArgs.warmup_ratios"):
+        assert [e for e in errors if e.startswith(field)], (field, errors)
