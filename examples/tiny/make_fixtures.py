@@ -9,6 +9,11 @@ Writes:
   gpt2-chat/  - the same model with role tokens and a chat template that marks assistant turns ({% generation %})
   chat/train.jsonl, chat/eval.jsonl  - the sentiment task as conversations: {"messages": [user, assistant]}
   prompt-completion/train.jsonl, .../eval.jsonl  - the same as {"prompt": ..., "completion": ...}
+  preference/train.jsonl, .../eval.jsonl  - the same as DPO pairs in conversations: {"prompt": [user],
+      "chosen": [assistant: the right answer], "rejected": [assistant: the wrong one]}
+  preference-plain/train.jsonl, .../eval.jsonl  - the same pairs as plain strings (" positive": TRL appends each
+      response to its prompt as text)
+  llama-chat/  - a 2-layer Llama config (hidden 64, grouped-query attention) with gpt2-chat's tokenizer and template
 Models are built from config.json with `initFromConfig: true`: no weights are committed.
 """
 
@@ -56,7 +61,7 @@ def sentence(rng: random.Random, label: int) -> str:
 
 def write_data() -> None:
     rng = random.Random(1234)
-    for d in ("data", "chat", "prompt-completion"):
+    for d in ("data", "chat", "prompt-completion", "preference", "preference-plain"):
         os.makedirs(os.path.join(HERE, d), exist_ok=True)
     for split, n in (("train", TRAIN_ROWS), ("eval", EVAL_ROWS)):
         rows = [(sentence(rng, i % 2), i % 2) for i in range(n)]
@@ -69,6 +74,17 @@ def write_data() -> None:
         _write_jsonl(
             os.path.join(HERE, "prompt-completion", f"{split}.jsonl"),
             [{"prompt": s, "completion": ANSWERS[y]} for s, y in rows],
+        )
+        _write_jsonl(
+            os.path.join(HERE, "preference", f"{split}.jsonl"),
+            [{"prompt": [{"role": "user", "content": s}],
+              "chosen": [{"role": "assistant", "content": ANSWERS[y]}],
+              "rejected": [{"role": "assistant", "content": ANSWERS[1 - y]}]} for s, y in rows],
+        )  # fmt: skip
+        _write_jsonl(
+            os.path.join(HERE, "preference-plain", f"{split}.jsonl"),
+            # a completion that follows the prompt as text starts with its separator (TRL concatenates the two)
+            [{"prompt": s, "chosen": " " + ANSWERS[y], "rejected": " " + ANSWERS[1 - y]} for s, y in rows],
         )
 
 
@@ -207,8 +223,41 @@ def write_gpt2(name: str = "gpt2", chat: bool = False) -> None:
         f.write("\n")
 
 
+def write_llama(name: str = "llama-chat") -> None:
+    """A Llama-architecture model (RMSNorm, rotary positions, SwiGLU, grouped-query attention) with gpt2-chat's
+    tokenizer and template: the architecture the LLM paths (DPO, LoRA) are built for."""
+    import shutil
+
+    src, d = os.path.join(HERE, "gpt2-chat"), os.path.join(HERE, name)
+    os.makedirs(d, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
+    with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
+        gpt2 = json.load(f)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": gpt2["vocab_size"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "bos_token_id": gpt2["bos_token_id"],
+        "eos_token_id": gpt2["eos_token_id"],
+        "pad_token_id": gpt2["eos_token_id"],
+    }
+    with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 if __name__ == "__main__":
     write_data()
     write_bert()
     write_gpt2()
     write_gpt2("gpt2-chat", chat=True)
+    write_llama()

@@ -17,13 +17,15 @@ from typing import Any, Literal
 
 from finetune_trainer.errors import ConfigError
 
-CONFIG_VERSION = "1.3"
+CONFIG_VERSION = "1.4"
 SUPPORTED_MAJOR = 1
-SUPPORTED_MINOR = 3
+SUPPORTED_MINOR = 4
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
 
-Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq"]
-SUPPORTED_TASKS = ("sequence-classification", "causal-lm")
+Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo"]
+SUPPORTED_TASKS = ("sequence-classification", "causal-lm", "dpo")
+# TRL's DPO loss types offered as spec.training.dpo.lossType (DPOConfig.loss_type)
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
 Acceleration = Literal["auto", "ort", "compile", "none"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 FORMAT_BY_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -63,10 +65,14 @@ class DatasetConfig:
     messages_field: str | None = None  # chat data (causal-lm)
     prompt_field: str | None = None  # prompt/completion data (causal-lm), with completion_field
     completion_field: str | None = None
+    chosen_field: str | None = None  # preference data (dpo), with prompt_field and rejected_field
+    rejected_field: str | None = None
 
     @property
     def sft_format(self) -> str | None:
-        """'chat', 'prompt-completion', or None for plain text."""
+        """'chat', 'prompt-completion', or None for plain text (and for preference data, which is not SFT)."""
+        if self.chosen_field:
+            return None
         if self.messages_field:
             return "chat"
         if self.prompt_field or self.completion_field:
@@ -118,6 +124,12 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class DpoConfig:
+    beta: float = 0.1  # how far the policy may move from the reference (TRL's DPOConfig.beta)
+    loss_type: str = "sigmoid"
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     epochs: float | None = None
     max_steps: int | None = None
@@ -137,6 +149,7 @@ class TrainingConfig:
     loss_on: str = "completion"  # chat / prompt-completion: assistant turns or completions only, or "all"
     sharding: str = "none"  # "fsdp": fully sharded data parallel
     activation_checkpointing: bool = False
+    dpo: DpoConfig = field(default_factory=DpoConfig)
 
 
 @dataclass(frozen=True)
@@ -264,6 +277,20 @@ def validate_schema(raw: dict[str, Any]) -> None:
         raise ConfigError(where, err.message)
 
 
+def _check_preference_fields(d: dict[str, Any]) -> None:
+    """Task dpo reads one prompt, one chosen and one rejected column; chat and completion columns are not its."""
+    for key in ("messagesField", "completionField"):
+        if d.get(key):
+            raise ConfigError(
+                f"dataset.{key}",
+                "task dpo reads preference data (spec.dataset.promptField, chosenField, rejectedField); "
+                f"remove spec.dataset.{key}",
+            )
+    for key in ("promptField", "chosenField", "rejectedField"):
+        if not d.get(key):
+            raise ConfigError(f"dataset.{key}", f"task dpo needs a {key[:-5]} column; set spec.dataset.{key}")
+
+
 def parse_config(raw: dict[str, Any]) -> Config:
     """Validate ``raw`` (the parsed JSON) and return the typed config, or raise :class:`ConfigError`."""
     if not isinstance(raw, dict):
@@ -303,12 +330,19 @@ def parse_config(raw: dict[str, Any]) -> Config:
         messages_field=d.get("messagesField"),
         prompt_field=d.get("promptField"),
         completion_field=d.get("completionField"),
+        chosen_field=d.get("chosenField") if task == "dpo" else None,
+        rejected_field=d.get("rejectedField") if task == "dpo" else None,
     )
     if bool(dataset.name) == bool(dataset.path):
         raise ConfigError(
             "dataset",
             "set exactly one of spec.dataset.name (a Hub id) and spec.dataset.path (a local file or directory)",
         )
+    if task == "dpo":
+        _check_preference_fields(d)
+    elif d.get("chosenField") or d.get("rejectedField"):
+        key = "chosenField" if d.get("chosenField") else "rejectedField"
+        raise ConfigError(f"dataset.{key}", f"preference data (chosen/rejected) is for task dpo, not {task!r}")
     if dataset.sft_format and task != "causal-lm":
         key = "messagesField" if dataset.messages_field else "promptField"
         raise ConfigError(f"dataset.{key}", f"chat and prompt/completion data are for task causal-lm, not {task!r}")
@@ -318,7 +352,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
             "set either spec.dataset.messagesField (chat) or "
             "spec.dataset.promptField and completionField (prompt/completion), not both",
         )
-    if bool(dataset.prompt_field) != bool(dataset.completion_field):
+    if task != "dpo" and bool(dataset.prompt_field) != bool(dataset.completion_field):
         missing = "completionField" if dataset.prompt_field else "promptField"
         raise ConfigError(
             f"dataset.{missing}", f"prompt/completion data needs both columns; set spec.dataset.{missing}"
@@ -360,7 +394,16 @@ def parse_config(raw: dict[str, Any]) -> Config:
         loss_on=t.get("lossOn") or "completion",
         sharding=t.get("sharding") or "none",
         activation_checkpointing=bool(t.get("activationCheckpointing") or False),
+        dpo=DpoConfig(
+            beta=(t.get("dpo") or {}).get("beta", 0.1), loss_type=(t.get("dpo") or {}).get("lossType", "sigmoid")
+        ),
     )
+    if t.get("dpo") and task != "dpo":
+        raise ConfigError("training.dpo", f"DPO settings are for task dpo, not {task!r}")
+    if task == "dpo" and training.packing:
+        raise ConfigError("training.packing", "packing is not supported with task dpo (TRL pads each pair)")
+    if task == "dpo" and raw.get("acceleration") == "ort":
+        raise ConfigError("acceleration", "task dpo runs on the default trainer image; acceleration ort cannot run it")
     if training.packing and task != "causal-lm":
         raise ConfigError("training.packing", f"packing is for task causal-lm, not {task!r}")
     if (training.epochs is None) == (training.max_steps is None):

@@ -48,7 +48,13 @@ def local_columns(ds: DatasetConfig, split: str) -> list[str]:
 def check_columns(config: Config, columns: list[str]) -> None:
     """Every configured field must be a column; the message names the field and the columns that exist."""
     ds = config.dataset
-    if ds.sft_format == "chat":
+    if config.task == "dpo":
+        wanted = [
+            ("promptField", ds.prompt_field),
+            ("chosenField", ds.chosen_field),
+            ("rejectedField", ds.rejected_field),
+        ]
+    elif ds.sft_format == "chat":
         wanted = [("messagesField", ds.messages_field)]
     elif ds.sft_format == "prompt-completion":
         wanted = [("promptField", ds.prompt_field), ("completionField", ds.completion_field)]
@@ -193,6 +199,76 @@ def check_sft_rows(config: Config, dataset: Any, tokenizer: Any, split: str) -> 
     if fmt == "chat" and config.training.loss_on == "completion":
         _check_assistant_markers(tokenizer, dataset[0]["messages"])
     return total / max(1, len(dataset))
+
+
+PREFERENCE = (("promptField", "prompt"), ("chosenField", "chosen"), ("rejectedField", "rejected"))
+
+
+def preference_dataset(config: Config, dataset: Any) -> Any:
+    """The split with only the columns TRL's DPOTrainer reads, renamed to its names: prompt, chosen, rejected."""
+    ds = config.dataset
+    pairs = [(getattr(ds, key[: -len("Field")] + "_field"), name) for key, name in PREFERENCE]
+    keep = dataset.select_columns([s for s, _ in pairs])
+    renames = {s: t for s, t in pairs if s != t}
+    return keep.rename_columns(renames) if renames else keep
+
+
+def check_preference_rows(config: Config, dataset: Any, tokenizer: Any, split: str) -> str:
+    """Every preference pair must be usable: a prompt, a chosen and a rejected response, either all strings
+    (plain) or all lists of {role, content} messages (conversational, rendered with the tokenizer's chat template),
+    one kind for the whole split, and the two responses different. Returns 'plain' or 'conversational'; a bad row is
+    a :class:`ConfigError` naming the field and the row, before the model loads."""
+    ds = config.dataset
+    kind = None
+    for i, row in enumerate(dataset):
+        where = f"row {i} of split {split!r}"
+        kinds = {}
+        for key, name in PREFERENCE:
+            value, column = row.get(name), getattr(ds, key[: -len("Field")] + "_field")
+            if isinstance(value, str):
+                if not value.strip():
+                    raise ConfigError(f"dataset.{key}", f"{where}: column {column!r} is empty")
+                kinds[key] = "plain"
+            elif isinstance(value, list) and value:
+                for j, m in enumerate(value):
+                    if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in ("role", "content")):
+                        raise ConfigError(
+                            f"dataset.{key}",
+                            f"{where}: column {column!r}, message {j} must be an object with string 'role' and "
+                            "'content'",
+                        )
+                kinds[key] = "conversational"
+            else:
+                raise ConfigError(
+                    f"dataset.{key}",
+                    f"{where}: column {column!r} is missing or empty (a string, or a list of "
+                    "{role, content} messages)",
+                )
+        if len(set(kinds.values())) > 1:
+            raise ConfigError(
+                "dataset.promptField",
+                f"{where}: mixes plain strings and message lists ({', '.join(f'{k}: {v}' for k, v in kinds.items())}); "
+                "a pair is either all strings or all conversations",
+            )
+        row_kind = kinds["promptField"]
+        if kind is None:
+            kind = row_kind
+        elif row_kind != kind:
+            raise ConfigError(
+                "dataset.promptField",
+                f"{where}: is {row_kind} but the rows before it are {kind}; use one kind per split",
+            )
+        if row["chosen"] == row["rejected"]:
+            raise ConfigError(
+                "dataset.rejectedField", f"{where}: the chosen and rejected responses are the same: nothing to prefer"
+            )
+    if kind == "conversational" and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            "dataset.promptField",
+            f"the tokenizer of {config.model.source!r} has no chat template, so conversational pairs cannot be "
+            "rendered; use a chat model's tokenizer, or plain string pairs",
+        )
+    return kind or "plain"
 
 
 def _chat_row_tokens(config: Config, tokenizer: Any, messages: Any, i: int, split: str) -> int:

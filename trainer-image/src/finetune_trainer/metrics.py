@@ -73,6 +73,15 @@ def mfu(params: int, tokens_per_second: float, peak_per_device: float, devices: 
     return training_flops(params, tokens_per_second) / (peak_per_device * devices)
 
 
+# TRL's DPOTrainer logs these each logging step (mean over the logged batches); named as result.json keeps them
+REWARD_LOGS = {
+    "rewards/accuracies": "accuracy",
+    "rewards/margins": "margin",
+    "rewards/chosen": "chosen",
+    "rewards/rejected": "rejected",
+}
+
+
 class TrainerMetrics:
     """The metric objects, on their own registry, with this node's label values bound."""
 
@@ -142,6 +151,13 @@ class TrainerMetrics:
             "finetune_eval_accuracy", "Accuracy on the evaluation split at the last evaluation (classification)"
         )
         self.eval_f1 = gauge("finetune_eval_f1", "Macro F1 on the evaluation split at the last evaluation")
+        self.reward_accuracy = gauge(
+            "finetune_train_reward_accuracy",
+            "dpo: share of the last logged pairs whose chosen response the policy rewards above the rejected, 0-1",
+        )
+        self.reward_margin = gauge(
+            "finetune_train_reward_margin", "dpo: mean reward of chosen minus rejected over the last logged pairs"
+        )
         nan_until_known = (
             self.loss,
             self.learning_rate,
@@ -151,6 +167,8 @@ class TrainerMetrics:
             self.eval_perplexity,
             self.eval_accuracy,
             self.eval_f1,
+            self.reward_accuracy,
+            self.reward_margin,
         )
         for unset in nan_until_known:
             unset.set(math.nan)  # NaN until known: a 0 would read as a perfect loss or a useless model
@@ -242,6 +260,8 @@ class MetricsCallback(TrainerCallback):
         self.time_to_first_step: float | None = None
         self.task = task
         self.eval_history: list[dict[str, float]] = []
+        # dpo: {"step", "accuracy", "margin", "chosen", "rejected"} at every log (TRL's rewards/*)
+        self.reward_history: list[dict[str, float]] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.m.total_steps.set(state.max_steps)
@@ -308,6 +328,14 @@ class MetricsCallback(TrainerCallback):
             self.m.loss.set(logs["loss"])
         if "learning_rate" in logs:
             self.m.learning_rate.set(logs["learning_rate"])
+        if "rewards/accuracies" in logs:
+            entry = {"step": state.global_step}
+            for key, name in REWARD_LOGS.items():
+                if isinstance(logs.get(key), int | float):
+                    entry[name] = float(logs[key])
+            self.reward_history.append(entry)
+            self.m.reward_accuracy.set(entry.get("accuracy", math.nan))
+            self.m.reward_margin.set(entry.get("margin", math.nan))
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None, **kwargs: Any

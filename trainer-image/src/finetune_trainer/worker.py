@@ -73,6 +73,7 @@ def _auto_classes(task: str) -> Any:
     return {
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "causal-lm": transformers.AutoModelForCausalLM,
+        "dpo": transformers.AutoModelForCausalLM,
     }[task]
 
 
@@ -94,6 +95,11 @@ def build_training_args(config: Config, backend: accel.Backend, ident: Identity,
             # torch.compile: one padded shape per batch, as for the other tasks
             "pad_to_multiple_of": t.max_seq_length if backend.name == "compile" and not t.packing else None,
         }
+    if config.task == "dpo":
+        from trl import DPOConfig
+
+        args_cls = DPOConfig
+        sft = {"beta": t.dpo.beta, "loss_type": t.dpo.loss_type, "max_length": t.max_seq_length}
     known = compat.training_arg_names(args_cls)
     for key in t.extra_args:
         if key not in known:
@@ -366,6 +372,7 @@ class Data:
     sft: bool  # TRL's SFTTrainer renders and tokenizes the rows itself
     labels: list[str] | None  # sequence classification: the label names by id
     mean_train_tokens: float  # per row, when ``auto`` weighs the workload (else 0)
+    preference: str | None = None  # dpo: 'plain' or 'conversational' pairs (TRL's DPOTrainer tokenizes them)
 
 
 @dataclass
@@ -446,11 +453,16 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
     mean_tokens: list[float] = []  # per split, the training split's first
     weigh = config.acceleration == "auto" and accel.weighs_workload(setup.hardware)
     label_ids, labels = (None, None)
+    preference = None
     with setup.args.main_process_first(desc="load and tokenize the dataset"):
         for split in splits:
             raw = data.load_split(config, split)
             data.check_columns(config, list(raw.column_names))
-            if sft:  # TRL's SFTTrainer renders and tokenizes; every row is checked first, naming the bad one
+            if config.task == "dpo":  # TRL's DPOTrainer tokenizes each pair; every row is checked first
+                prepared.append(data.preference_dataset(config, raw))
+                preference = data.check_preference_rows(config, prepared[-1], tokenizer, split)
+                mean_tokens.append(0.0)
+            elif sft:  # TRL's SFTTrainer renders and tokenizes; every row is checked first, naming the bad one
                 prepared.append(data.sft_dataset(config, raw))
                 mean_tokens.append(data.check_sft_rows(config, prepared[-1], tokenizer, split))
             else:
@@ -461,7 +473,7 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
     if len(prepared[0]) == 0:
         raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
     setup.phases["data_seconds"] = time.time() - launch_time - sum(setup.phases.values())
-    return Data(prepared[0], prepared[1] if evaluate else None, sft, labels, mean_tokens[0])
+    return Data(prepared[0], prepared[1] if evaluate else None, sft, labels, mean_tokens[0], preference)
 
 
 def load_the_model(
@@ -516,8 +528,12 @@ def build_trainer(
         optimizer_name(args),
     )
     device_name = torch.cuda.get_device_name(0) if setup.cuda else None
-    # SFTTrainer builds its own collator (completion / assistant masks, packing): it is wrapped once the trainer exists.
-    counter = BatchCounter(None if ds.sft else make_collator(config, tokenizer, static_shapes=setup.kind == "compile"))
+    # SFTTrainer and DPOTrainer build their own collators (completion / assistant masks, packing; chosen and rejected
+    # padded side by side): wrapped once the trainer exists.
+    own_collator = ds.sft or ds.preference is not None
+    counter = BatchCounter(
+        None if own_collator else make_collator(config, tokenizer, static_shapes=setup.kind == "compile")
+    )
     metrics_cb = MetricsCallback(
         setup.metrics,
         counter,
@@ -535,10 +551,16 @@ def build_trainer(
         control_group=setup.control_group,
     )
     trainer_cls = setup.backend.classes()[0]
+    extra: dict[str, Any] = {}
     if ds.sft:
         from trl import SFTTrainer
 
         trainer_cls = SFTTrainer
+    if ds.preference is not None:
+        from trl import DPOTrainer
+
+        trainer_cls = DPOTrainer
+        extra["ref_model"] = reference_model(config, setup, tokenizer, ident)
     trainer_cls = compat.eval_without_collator_wrapper(compat.cpu_resumable(trainer_cls))
     classify = config.task == "sequence-classification" and ds.eval is not None
     trainer = trainer_cls(
@@ -546,15 +568,44 @@ def build_trainer(
         args=args,
         train_dataset=ds.train,
         eval_dataset=ds.eval,
-        data_collator=None if ds.sft else counter,
+        data_collator=None if own_collator else counter,
         callbacks=[metrics_cb, ckpt_cb],
-        compute_metrics=evaluation.classification_metrics if classify else None,
-        preprocess_logits_for_metrics=evaluation.argmax_logits if classify else None,
+        **({} if ds.preference is not None else {
+            "compute_metrics": evaluation.classification_metrics if classify else None,
+            "preprocess_logits_for_metrics": evaluation.argmax_logits if classify else None,
+        }),
+        **extra,
         **compat.tokenizer_kwarg(trainer_cls, tokenizer),
-    )
-    if ds.sft:
+    )  # fmt: skip
+    if own_collator:
         counter.collator, trainer.data_collator = trainer.data_collator, counter
     return Built(trainer, metrics_cb)
+
+
+def reference_model(config: Config, setup: Setup, tokenizer: Any, ident: Identity) -> Any:
+    """DPO's frozen reference: with LoRA none (TRL scores the reference by disabling the adapter: no second copy of
+    the weights); else the model as it was loaded, loaded once more (the same weights, or the same seeded random
+    init), so that a resumed attempt compares against the original model, not the checkpoint it resumed from."""
+    if config.training.lora is not None:
+        return None
+    device = f"cuda:{ident.local_rank}" if setup.cuda else None
+    ref = load_model(config, setup.backend, tokenizer, None, device=device, precision=setup.precision)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def dpo_result(config: Config, ds: Data, metrics_cb: MetricsCallback) -> dict[str, Any]:
+    history = metrics_cb.reward_history
+    return {
+        "dpo": {
+            "beta": config.training.dpo.beta,
+            "loss_type": config.training.dpo.loss_type,
+            "pairs": ds.preference,
+            "rewards": history[-1] if history else None,
+            "reward_history": history,
+        }
+    }
 
 
 def optimizer_name(args: Any) -> str:
@@ -674,6 +725,9 @@ def save_results(
                 # Every evaluation ({"step", "loss", and perplexity, or accuracy and f1}) and the final model's.
                 "eval_history": metrics_cb.eval_history,
                 "final_eval": metrics_cb.eval_history[-1] if metrics_cb.eval_history else None,
+                # dpo: the rewards at every log of this attempt and the last ({"step", "accuracy", "margin",
+                # "chosen", "rejected"}), beta and the loss type; null for the other tasks
+                **(dpo_result(config, ds, metrics_cb) if ds.preference is not None else {"dpo": None}),
             },
         )
     if dist.is_initialized():
