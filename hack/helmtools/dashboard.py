@@ -123,6 +123,16 @@ def panels() -> list[dict[str, Any]]:
             desc="Training loss (mean over ranks) and the loss on the evaluation split at the last evaluation.",
         ),
         _panel(
+            "Preference rewards (dpo)",
+            [
+                _target(f"max by ({BY}) (finetune_train_reward_accuracy{{{SEL}}})", f"accuracy {job}", "A"),
+                _target(f"max by ({BY}) (finetune_train_reward_margin{{{SEL}}})", f"margin {job}", "B"),
+            ],
+            unit="none",
+            desc="Task dpo: the share of logged pairs whose chosen response the policy rewards above the rejected "
+            "(0-1), and the mean reward margin chosen minus rejected; empty for the other tasks.",
+        ),
+        _panel(
             "Learning rate",
             [_target(f"max by ({BY}) (finetune_train_learning_rate{{{SEL}}})", job)],
             unit="none",

@@ -215,6 +215,8 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "messagesField": spec.dataset.messages_field,
             "promptField": spec.dataset.prompt_field,
             "completionField": spec.dataset.completion_field,
+            "chosenField": spec.dataset.chosen_field,
+            "rejectedField": spec.dataset.rejected_field,
         },
         "training": {
             "epochs": t.epochs,
@@ -243,6 +245,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "lossOn": t.loss_on,
             "sharding": t.sharding,
             "activationCheckpointing": t.activation_checkpointing,
+            "dpo": None if t.dpo is None else {"beta": t.dpo.beta, "lossType": t.dpo.loss_type},
         },
         "acceleration": spec.acceleration,
         "output": _output_config(ref, spec),

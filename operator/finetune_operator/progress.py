@@ -32,6 +32,8 @@ GAUGES = {
     "finetune_eval_perplexity": "eval_perplexity",
     "finetune_eval_accuracy": "eval_accuracy",
     "finetune_eval_f1": "eval_f1",
+    "finetune_train_reward_accuracy": "reward_accuracy",
+    "finetune_train_reward_margin": "reward_margin",
 }
 # 0 until the trainer knows them: left out until then
 SET_ONCE = {"time_to_first_step_seconds", "warmup_seconds", "rendezvous_seconds"}

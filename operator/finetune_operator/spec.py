@@ -12,11 +12,12 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-TASKS = ("sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq")
+TASKS = ("sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo")
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
 ACCELERATIONS = ("auto", "ort", "compile", "none")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -193,6 +194,8 @@ class Dataset:
     messages_field: str | None = None  # causal-lm chat data
     prompt_field: str | None = None  # causal-lm prompt/completion data, with completion_field
     completion_field: str | None = None
+    chosen_field: str | None = None  # dpo preference pairs, with prompt_field and rejected_field
+    rejected_field: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,12 @@ class Lora:
     target_modules: tuple[str, ...] = ()
     quantization: str | None = None  # "4bit": QLoRA (GPU only)
     merge: bool = False
+
+
+@dataclass(frozen=True)
+class Dpo:
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
 
 
 @dataclass(frozen=True)
@@ -230,6 +239,7 @@ class Training:
     loss_on: str = "completion"
     sharding: str = "none"  # "fsdp"
     activation_checkpointing: bool = False
+    dpo: Dpo | None = None  # task dpo (defaults filled in there)
 
 
 @dataclass(frozen=True)
@@ -481,6 +491,26 @@ def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
     )
 
 
+def _preference(dataset: Dataset, training: Training, errors: _Errors) -> tuple[Dataset, Training]:
+    """Task dpo: prompt, chosen and rejected columns (named prompt, chosen, rejected unless set), the DPO settings'
+    defaults; chat or completion columns and packing are another task's."""
+    for key, value in (("messagesField", dataset.messages_field), ("completionField", dataset.completion_field)):
+        if value:
+            errors.add(
+                f"spec.dataset.{key}",
+                "task dpo reads preference pairs (spec.dataset.promptField, chosenField, rejectedField); remove it",
+            )
+    if training.packing:
+        errors.add("spec.training.packing", "packing is not supported with task dpo (TRL pads each pair)")
+    dataset = replace(
+        dataset,
+        prompt_field=dataset.prompt_field or "prompt",
+        chosen_field=dataset.chosen_field or "chosen",
+        rejected_field=dataset.rejected_field or "rejected",
+    )
+    return dataset, replace(training, dpo=training.dpo or Dpo())
+
+
 def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
     num, f = errors.number, "spec.training"
     ev = errors.section(t, "evaluation", f"{f}.evaluation")
@@ -503,6 +533,16 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
             merge=errors.flag(lora_d, "merge", f"{f}.lora.merge"),
         )
     extra = errors.section(t, "extraArgs", f"{f}.extraArgs")
+    dpo = None
+    if t.get("dpo") is not None:
+        dpo_d = errors.section(t, "dpo", f"{f}.dpo")
+        beta = num(dpo_d, "beta", f"{f}.dpo.beta", 0.1, float)
+        if beta is not None and beta <= 0:
+            errors.add(f"{f}.dpo.beta", f"must be greater than 0, got {beta}")
+        loss_type = _get(dpo_d, "lossType", "sigmoid")
+        if loss_type not in DPO_LOSS_TYPES:
+            errors.add(f"{f}.dpo.lossType", f"must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
+        dpo = Dpo(beta=beta if beta is not None else 0.1, loss_type=loss_type)
     training = Training(
         epochs=num(t, "epochs", f"{f}.epochs", None, float),
         max_steps=num(t, "maxSteps", f"{f}.maxSteps", None, int),
@@ -524,6 +564,7 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
         loss_on=_get(t, "lossOn", "completion"),
         sharding=_get(t, "sharding", "none"),
         activation_checkpointing=errors.flag(t, "activationCheckpointing", f"{f}.activationCheckpointing"),
+        dpo=dpo,
     )
     if training.epochs is not None and training.max_steps is not None:
         errors.add(f, "set spec.training.epochs or spec.training.maxSteps, not both")
@@ -612,14 +653,23 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         messages_field=d.get("messagesField"),
         prompt_field=d.get("promptField"),
         completion_field=d.get("completionField"),
+        chosen_field=d.get("chosenField"),
+        rejected_field=d.get("rejectedField"),
     )
     if "dataset" in spec and isinstance(spec["dataset"], dict) and (dataset.name is None) == (dataset.path is None):
         errors.add("spec.dataset", "set exactly one of spec.dataset.name (Hub id) or spec.dataset.path")
     training = _parse_training(t, errors)
     task = _get(spec, "task", "sequence-classification")
+    if task == "dpo":
+        dataset, training = _preference(dataset, training, errors)
     for key, value in (("messagesField", dataset.messages_field), ("promptField", dataset.prompt_field)):
-        if value and task != "causal-lm":
+        if value and task not in ("causal-lm", "dpo"):
             errors.add(f"spec.dataset.{key}", f"chat and prompt/completion data are for task causal-lm, not {task}")
+    for key, value in (("chosenField", dataset.chosen_field), ("rejectedField", dataset.rejected_field)):
+        if value and task != "dpo":
+            errors.add(f"spec.dataset.{key}", f"preference pairs (chosen/rejected) are for task dpo, not {task}")
+    if training.dpo is not None and task != "dpo":
+        errors.add("spec.training.dpo", f"is for task dpo, not {task}; remove it or set spec.task: dpo")
     if training.packing and task != "causal-lm":
         errors.add("spec.training.packing", f"packing is for task causal-lm, not {task}")
     if training.evaluation.strategy != "no" and dataset.eval_split is None:
@@ -684,6 +734,12 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         else Output()
     )
     acceleration = _get(spec, "acceleration", "auto")
+    if task == "dpo" and acceleration == "ort":
+        errors.add(
+            "spec.acceleration",
+            "task dpo runs on the default trainer image (TRL's DPOTrainer); acceleration ort cannot run it: use "
+            "auto, compile or none",
+        )
     if lora := training.lora:
         if lora.quantization and not gpus:
             errors.add(

@@ -62,6 +62,8 @@ class Progress:
     eval_perplexity: float | None = None
     eval_accuracy: float | None = None
     eval_f1: float | None = None
+    reward_accuracy: float | None = None  # dpo
+    reward_margin: float | None = None  # dpo
     steps_lost_to_restarts: int | None = None
     time_to_first_step_seconds: float | None = None
     warmup_seconds: float | None = None

@@ -52,6 +52,8 @@ TRAINER_GAUGES = {
     "finetune_eval_perplexity",
     "finetune_eval_accuracy",
     "finetune_eval_f1",
+    "finetune_train_reward_accuracy",
+    "finetune_train_reward_margin",
     "finetune_rendezvous_duration_seconds",
     "finetune_attempt",
 }

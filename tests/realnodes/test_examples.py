@@ -76,7 +76,7 @@ def submit(rc: RealCluster, namespace: str, manifest: Path) -> tuple[subprocess.
     return r, wide
 
 
-@pytest.mark.parametrize("example", ["tiny-job.yaml", "tiny-chat-job.yaml"])
+@pytest.mark.parametrize("example", ["tiny-job.yaml", "tiny-chat-job.yaml", "tiny-dpo-job.yaml"])
 def test_a_two_node_example_trains_to_success_across_real_nodes(
     real_cluster: RealCluster, chart_operator: str, namespace: str, example: str
 ) -> None:
@@ -141,6 +141,11 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(
         assert [e["step"] for e in result["eval_history"]] == [20, 40, 60]
         assert result["eval_history"][-1]["loss"] < result["eval_history"][0]["loss"], result["eval_history"]
         assert (out / "model" / "chat_template.jinja").exists()
+    if example == "tiny-dpo-job.yaml":  # TRL's DPOTrainer: the policy learns to reward the chosen answers
+        rewards = result["dpo"]["reward_history"][-5:]
+        assert result["dpo"]["pairs"] == "conversational" and rewards, result["dpo"]
+        assert sum(r["margin"] for r in rewards) > 0, rewards
+        assert st["progress"].get("rewardAccuracy") is not None, st["progress"]  # scraped from rank 0's page
 
 
 def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_template(

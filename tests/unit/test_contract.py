@@ -51,6 +51,20 @@ SPECS: dict[str, dict[str, Any]] = {
         "training": {"epochs": 2, "lora": {"r": 16, "alpha": 64, "quantization": "4bit"}},
         "output": {"claimName": "o"},
     },
+    "dpo-defaults": {
+        "task": "dpo",
+        "model": {"path": "/m"},
+        "dataset": {"path": "/pairs"},
+        "training": {"maxSteps": 5, "lora": {"r": 4}},
+        "output": {"claimName": "o"},
+    },
+    "dpo-named": {
+        "task": "dpo",
+        "model": {"path": "/m"},
+        "dataset": {"path": "/pairs", "promptField": "q", "chosenField": "good", "rejectedField": "bad"},
+        "training": {"maxSteps": 5, "dpo": {"beta": 0.5, "lossType": "ipo"}},
+        "output": {"claimName": "o"},
+    },
 }
 
 
@@ -80,7 +94,17 @@ def test_every_builder_output_parses_in_the_trainer(name: str, raw: dict[str, An
         t.activation_checkpointing,
     )
     d = spec.dataset
-    assert cfg.dataset.sft_format == ("chat" if d.messages_field else "prompt-completion" if d.prompt_field else None)
+    sft = "chat" if d.messages_field else "prompt-completion" if d.prompt_field else None
+    assert cfg.dataset.sft_format == (None if spec.task == "dpo" else sft)
+    if spec.task == "dpo":  # the columns (named prompt, chosen, rejected unless set) and beta / loss type arrive
+        assert t.dpo is not None
+        assert (cfg.dataset.prompt_field, cfg.dataset.chosen_field, cfg.dataset.rejected_field) == (
+            d.prompt_field,
+            d.chosen_field,
+            d.rejected_field,
+        )
+        assert None not in (d.prompt_field, d.chosen_field, d.rejected_field)
+        assert (ct.dpo.beta, ct.dpo.loss_type) == (t.dpo.beta, t.dpo.loss_type)
     assert (cfg.dataset.name, cfg.dataset.path, cfg.dataset.split, cfg.dataset.eval_split) == (
         d.name,
         d.path,

@@ -560,6 +560,11 @@ def test_progress_from_the_trainers_real_metrics_page() -> None:
         "eta": "1h2m",
         "lastCheckpointStep": 100,
     }
+    m.reward_accuracy.set(0.8125)  # task dpo: the trainer's rewards reach the status as they are
+    m.reward_margin.set(0.25)
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)
+    assert p is not None and (p.reward_accuracy, p.reward_margin) == (0.8125, 0.25)
+    assert {"rewardAccuracy": 0.8125, "rewardMargin": 0.25}.items() <= p.to_wire().items()
 
 
 def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:

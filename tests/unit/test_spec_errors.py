@@ -181,3 +181,38 @@ def test_a_field_server_side_apply_cannot_type_is_left_out_of_the_next_dry_run()
     assert client.without_field(job, '.spec.env[name="X"].value: expected string') is None
     assert client.without_field(job, ".spec.training.nothing: field not declared in schema") is None
     assert client.without_field(job, "not a field path at all") is None
+
+
+def test_task_dpo_defaults_its_columns_and_settings() -> None:
+    spec = parse_spec(base_spec(task="dpo", training={"maxSteps": 5}))
+    d = spec.dataset
+    assert (d.prompt_field, d.chosen_field, d.rejected_field) == ("prompt", "chosen", "rejected")
+    assert spec.training.dpo is not None and (spec.training.dpo.beta, spec.training.dpo.loss_type) == (0.1, "sigmoid")
+    assert parse_spec(base_spec(training={"maxSteps": 5})).training.dpo is None  # other tasks: no DPO settings
+
+
+@pytest.mark.parametrize(
+    ("over", "field", "words"),
+    [
+        ({"task": "dpo", "acceleration": "ort"}, "spec.acceleration", ["dpo", "ort"]),
+        ({"task": "causal-lm", "training": {"maxSteps": 5, "dpo": {"beta": 0.2}}}, "spec.training.dpo", ["task dpo"]),
+        (
+            {"task": "dpo", "training": {"maxSteps": 5, "dpo": {"beta": 0}}},
+            "spec.training.dpo.beta",
+            ["greater than 0"],
+        ),
+        (
+            {"task": "dpo", "training": {"maxSteps": 5, "dpo": {"lossType": "kto"}}},
+            "spec.training.dpo.lossType",
+            ["sigmoid", "'kto'"],
+        ),
+        ({"task": "dpo", "dataset": {"path": "/d", "messagesField": "m"}}, "spec.dataset.messagesField", ["pairs"]),
+        ({"task": "dpo", "training": {"maxSteps": 5, "packing": True}}, "spec.training.packing", ["dpo"]),
+        ({"task": "causal-lm", "dataset": {"path": "/d", "chosenField": "c"}}, "spec.dataset.chosenField", ["dpo"]),
+    ],
+    ids=["ort", "dpo-on-causal-lm", "beta", "loss-type", "chat-column", "packing", "chosen-on-causal-lm"],
+)
+def test_task_dpo_mistakes_name_their_field(over: dict[str, Any], field: str, words: list[str]) -> None:
+    found = errors_of(base_spec(**over))
+    assert field in found, found
+    assert all(w in found[field] for w in words), found[field]
