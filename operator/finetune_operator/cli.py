@@ -40,7 +40,9 @@ def _peering_priority() -> int:
 class PeeringGate:
     """Whether this replica runs the backstop (finetune_operator.peering.backstop_active), from kopf's peering object
     of every watched namespace (or the cluster-wide one), read at most every few seconds; a failed read keeps the
-    last answer. Exports the answer and the missing objects, and logs each object that goes missing or comes back."""
+    last answer (off until one read succeeded). Exports the answer, also while reads fail (so an operator that may
+    not read its peering objects shows inactive and alerts), and the missing objects, and logs each object that goes
+    missing or comes back."""
 
     def __init__(
         self, kube: Any, namespaces: tuple[str, ...], priority: int, metrics: Any = None, every: float = 1.0
@@ -61,7 +63,9 @@ class PeeringGate:
         try:
             objects = {ns: self.kube.get_peering("finetune-operator", ns) for ns in self.namespaces}
         except Exception as e:  # keep the last answer; kopf's own peering also rides out API hiccups
-            log.debug("peering read failed, keeping the last answer: %s", e)
+            log.warning("reading the peering objects failed, the backstop stays %s: %s", self._state(), e)
+            if self.metrics is not None:
+                self.metrics.backstop_active.set(1 if self._answer else 0)
             return self._answer
         self._answer, missing = backstop_active(objects, own_priority=self.priority, now=datetime.now(UTC))
         for ns in set(missing) - self._missing:
@@ -77,6 +81,9 @@ class PeeringGate:
             self.metrics.backstop_active.set(1 if self._answer else 0)
             self.metrics.peering_missing.set(len(missing))
         return self._answer
+
+    def _state(self) -> str:
+        return "active" if self._answer else "inactive"
 
 
 def run_operator(args: argparse.Namespace) -> int:

@@ -726,6 +726,12 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         name = str(var.get("name", ""))
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             errors.add(f"spec.env[{i}].name", f"{name} is reserved by the rendezvous contract; remove it")
+        elif name == "AWS_EC2_METADATA_DISABLED":
+            errors.add(
+                f"spec.env[{i}].name",
+                f"{name} is set by the operator: the node's IAM role is off unless the job opts in with "
+                "spec.output.s3.allowInstanceMetadata; remove it",
+            )
 
     nodes = errors.number(spec, "nodes", "spec.nodes", 1, int)
     output = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -835,3 +836,22 @@ def test_export_retries_span_minutes_with_jitter() -> None:
     with pytest.raises(export.ExportError, match="copy: Denied"):
         export._retrying("copy", denied, sleep=slept.append)
     assert len(slept) == 3  # no wait: not retried
+
+
+def test_an_export_sends_no_symbolic_link_and_reads_no_aws_config_under_home(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """model/ is written by the training code: a link there to the launcher's environment (its credentials) or to a
+    mounted Secret is never exported, nor a linked directory; boto3 reads no ~/.aws files the training could plant."""
+    from finetune_trainer import export
+
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "sub" / "weights.bin").write_bytes(b"w")
+    (model / "environ").symlink_to("/proc/self/environ")
+    (model / "secret-dir").symlink_to(tmp_path)
+    (model / "sub" / "token").symlink_to(model / "config.json")
+    assert export.files_under(str(model)) == ["config.json", os.path.join("sub", "weights.bin")]
+    monkeypatch.delenv("AWS_CONFIG_FILE", raising=False)
+    monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE", raising=False)
+    export._no_shared_aws_config()
+    assert os.environ["AWS_CONFIG_FILE"] == os.environ["AWS_SHARED_CREDENTIALS_FILE"] == os.devnull

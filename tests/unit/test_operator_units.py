@@ -1211,3 +1211,19 @@ def test_trainer_ids_are_configurable_and_left_to_the_platform_when_unset(monkey
     monkeypatch.setenv("FINETUNE_TRAINER_RUN_AS_USER", "0")
     with pytest.raises(ValueError, match="FINETUNE_TRAINER_RUN_AS_USER='0': trainers never run as root"):
         Settings.from_env()
+
+
+def test_a_replica_that_cannot_read_its_peering_objects_exports_an_inactive_backstop() -> None:
+    """A peering read that always fails (RBAC, an API outage) keeps the backstop off, and the gauge the alert reads
+    says so (it starts at 1 only until the first answer)."""
+    from finetune_operator.cli import PeeringGate
+    from finetune_operator.metrics import OperatorMetrics
+
+    class Forbidden:
+        def get_peering(self, name: str, namespace: str | None) -> dict[str, Any]:
+            raise PermissionError("403: peerings.kopf.dev is forbidden")
+
+    metrics = OperatorMetrics()
+    gate = PeeringGate(Forbidden(), ("team-a",), priority=100, metrics=metrics, every=0.0)
+    assert gate() is False
+    assert metrics.backstop_active._value.get() == 0

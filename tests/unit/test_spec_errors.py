@@ -216,3 +216,10 @@ def test_task_dpo_mistakes_name_their_field(over: dict[str, Any], field: str, wo
     found = errors_of(base_spec(**over))
     assert field in found, found
     assert all(w in found[field] for w in words), found[field]
+
+
+def test_a_job_cannot_turn_the_node_role_back_on_through_its_env() -> None:
+    """The operator sets AWS_EC2_METADATA_DISABLED unless spec.output.s3.allowInstanceMetadata opts in; a job's own
+    value would override it (the node's IAM role, shared by every job on the node)."""
+    found = errors_of(base_spec(env=[{"name": "AWS_EC2_METADATA_DISABLED", "value": "false"}]))
+    assert "allowInstanceMetadata" in found["spec.env[0].name"], found

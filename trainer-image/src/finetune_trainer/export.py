@@ -77,11 +77,25 @@ def _retrying(
 
 
 def files_under(folder: str) -> list[str]:
-    """Every file under ``folder``, relative, sorted (what an export sends)."""
+    """Every regular file under ``folder``, relative, sorted (what an export sends). Symbolic links are never
+    followed nor sent: the training code (a model repository's, perhaps) writes ``model/``, and a link there to
+    ``/proc/self/environ`` or a mounted Secret would otherwise upload the launcher's credentials."""
     out: list[str] = []
-    for d, _, names in os.walk(folder):
-        out.extend(os.path.relpath(os.path.join(d, n), folder) for n in names)
+    for d, dirs, names in os.walk(folder):  # os.walk does not descend into linked directories
+        for n in names + [x for x in dirs if os.path.islink(os.path.join(d, x))]:
+            path = os.path.join(d, n)
+            if os.path.islink(path) or not os.path.isfile(path):
+                log.warning("export: %s is a symbolic link or not a regular file; not exported", path)
+                continue
+            out.append(os.path.relpath(path, folder))
     return sorted(out)
+
+
+def _no_shared_aws_config() -> None:
+    """boto3 would read ``~/.aws/config`` and ``credentials`` under ``HOME`` (/tmp, which the training processes
+    could write): an endpoint or a profile planted there would steer the export. Only the pod's environment counts."""
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        os.environ.setdefault(name, os.devnull)
 
 
 def push_to_hub(push: HubPush, folder: str, *, message: str) -> dict[str, Any]:
@@ -92,12 +106,15 @@ def push_to_hub(push: HubPush, folder: str, *, message: str) -> dict[str, Any]:
 
     def run() -> dict[str, Any]:
         repo = api.create_repo(push.repo, private=push.private, exist_ok=True, repo_type="model")
-        info = api.upload_folder(repo_id=push.repo, folder_path=folder, commit_message=message)
+        names = files_under(folder)
+        info = api.upload_folder(
+            repo_id=push.repo, folder_path=folder, commit_message=message, allow_patterns=names or ["-"]
+        )
         return {
             "destination": f"hf://{push.repo}",
             "url": str(repo),
             "commit": getattr(info, "oid", None),
-            "files": len(files_under(folder)),
+            "files": len(names),
         }
 
     return _retrying(f"push to the Hub repo {push.repo!r}", run)
@@ -107,6 +124,7 @@ def copy_to_s3(s3: S3Export, folder: str) -> dict[str, Any]:
     import boto3
     from botocore.config import Config as BotoConfig
 
+    _no_shared_aws_config()
     client = boto3.client(
         "s3",
         endpoint_url=s3.endpoint or None,
