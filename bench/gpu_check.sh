@@ -17,6 +17,9 @@
 #    (all-linear, merged at the end), QLoRA (4-bit base through bitsandbytes; on a CPU it must be refused, exit 78)
 #    and FSDP, each through `finetune run-local`: loss, tokens/s and peak GPU memory from result.json, and whether
 #    the checkpoint was sharded.
+# 4. Liger's kernels against the model's own on the same decoder and settings (kernels: none, then liger; on a CPU
+#    liger must be refused, exit 78): tokens/s, MFU and peak GPU memory side by side; and DPO (task dpo, LoRA) on
+#    preference pairs built from the same words: loss, rewards, tokens/s and peak memory.
 # Everything lands in $OUT (default /tmp/gpu-check): logs, result.json, the scrapes, one JSON per bench and
 # summary.log. Exit status: non-zero when a step fails or the MFU gauge is NaN on the GPU.
 set -euo pipefail
@@ -31,6 +34,11 @@ rm -f "$OUT/summary.log"
 start=$(date +%s)
 log() { echo "[gpu_check +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summary.log"; }
 
+# QLoRA and Liger ask for a GPU in the spec (the operator refuses them without one; run-local then uses the local GPU)
+gpu_request=""
+if [[ $DEVICE == cuda ]]; then
+  gpu_request="  resources: {limits: {nvidia.com/gpu: 1}}"
+fi
 if [[ $DEVICE == cuda ]]; then
   hidden=2048 layers=16 seq=512 batch=16 steps=150 rows=4000
   bert=(--hidden 768 --layers 12) bert_steps=(--steps 20 --warmup 3) llm=(--hidden 2048 --layers 16 --seq 512)
@@ -75,6 +83,12 @@ rng = random.Random(0)
 with open(work / "data" / "train.jsonl", "w") as f:
     for _ in range(rows):  # rows longer than maxSeqLength: every row is truncated to a full one
         f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(seq * 2))}) + "\n")
+(work / "pairs").mkdir()
+with open(work / "pairs" / "train.jsonl", "w") as f:  # DPO: a long prompt, two different responses
+    for _ in range(rows):
+        prompt = " ".join(rng.choice(words) for _ in range(seq // 2))
+        chosen, rejected = (" " + " ".join(rng.choice(words) for _ in range(seq // 4)) for _ in range(2))
+        f.write(json.dumps({"prompt": prompt, "chosen": chosen, "rejected": rejected}) + "\n")
 PY
 cat > "$work/job.yaml" <<EOF
 apiVersion: finetune.dev/v1alpha1
@@ -155,8 +169,8 @@ model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
 model.save_pretrained(work / "saved")
 transformers.AutoTokenizer.from_pretrained(work / "model").save_pretrained(work / "saved")
 PY
-llm_job() {  # name, extra training settings (YAML flow style)
-  local name=$1 extra=$2 rc=0
+llm_job() {  # name, extra training settings (YAML flow style), [task], [dataset]
+  local name=$1 extra=$2 task=${3:-causal-lm} dataset=${4:-"{path: /workspace/data, textField: text}"} rc=0
   cat > "$work/job-$name.yaml" <<EOF
 apiVersion: finetune.dev/v1alpha1
 kind: FineTuneJob
@@ -165,14 +179,15 @@ metadata:
   annotations:
     finetune.dev/run-local-mounts: "/workspace=."
 spec:
-  task: causal-lm
+  task: $task
   model: {path: /workspace/saved}
-  dataset: {path: /workspace/data, textField: text}
+  dataset: $dataset
   training: {maxSteps: $(( steps / 3 )), perDeviceBatchSize: $batch, learningRate: 0.0002, maxSeqLength: $seq,
              checkpointEverySteps: $(( steps / 3 )), extraArgs: {logging_steps: 5}, $extra}
   acceleration: auto
   nodes: 1
   output: {claimName: output}
+$gpu_request
 EOF
   log "run-local $name: $extra"
   "$PY" -m finetune_operator.cli run-local "$work/job-$name.yaml" --workdir "$work/out-$name" \
@@ -181,7 +196,7 @@ EOF
 import json, sys
 from pathlib import Path
 out, name, rc, device = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-if name == "qlora" and device != "cuda":
+if name in ("qlora", "liger") and device != "cuda":
     print(f"{name}: exit {rc} on CPU (expected 78: refused before training)")
     sys.exit(0 if rc == 78 else 1)
 if rc != 0:
@@ -192,10 +207,18 @@ sharded = bool(ckpts) and (ckpts[-1] / "pytorch_model_fsdp_0").is_dir()
 adapter = (r.get("model") or {}).get("adapter") or {}
 print(f"{name}: {r['steps']} steps, loss {r['loss_history'][0][1]:.3f} -> {r['final_loss']:.3f}, "
       f"{(r['tokens_per_second'] or 0):,.0f} tokens/s, peak GPU memory {r.get('gpu_memory_peak_gib')} GiB, "
-      f"adapter {adapter.get('method')}, merged {r['model']['merged']}, sharded checkpoint {sharded}")
+      f"adapter {adapter.get('method')}, merged {r['model']['merged']}, sharded checkpoint {sharded}, "
+      f"acceleration {r['acceleration']}, kernels {r.get('kernels')} ({r.get('kernels_reason')})")
+if r.get("dpo"):
+    print(f"{name}: rewards {r['dpo']['rewards']}")
 PY
 }
 llm_job lora "lora: {r: 16, alpha: 32, targetModules: [all-linear], merge: true}"
 llm_job qlora "lora: {r: 16, alpha: 32, targetModules: [all-linear], quantization: 4bit}, activationCheckpointing: true"
 llm_job fsdp "sharding: fsdp, activationCheckpointing: true"
+# --- 4. Liger against the model's own kernels; DPO ----------------------------------------------------------------------
+llm_job kernels-none "kernels: none"
+llm_job liger "kernels: liger"
+llm_job dpo "lora: {r: 16, alpha: 32, targetModules: [all-linear]}, dpo: {beta: 0.1}" dpo \
+  "{path: /workspace/pairs, promptField: prompt, chosenField: chosen, rejectedField: rejected}"
 log "done in $(( $(date +%s) - start ))s; summary: $OUT/summary.log"

@@ -246,6 +246,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "sharding": t.sharding,
             "activationCheckpointing": t.activation_checkpointing,
             "dpo": None if t.dpo is None else {"beta": t.dpo.beta, "lossType": t.dpo.loss_type},
+            "kernels": t.kernels,
         },
         "acceleration": spec.acceleration,
         "output": _output_config(ref, spec),

@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 TASKS = ("sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo")
+KERNELS = ("auto", "liger", "none")
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
 ACCELERATIONS = ("auto", "ort", "compile", "none")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -240,6 +241,7 @@ class Training:
     sharding: str = "none"  # "fsdp"
     activation_checkpointing: bool = False
     dpo: Dpo | None = None  # task dpo (defaults filled in there)
+    kernels: str = "auto"  # "liger" (GPU only), "none", or "auto": where the trainer's auto table measured it faster
 
 
 @dataclass(frozen=True)
@@ -565,7 +567,10 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
         sharding=_get(t, "sharding", "none"),
         activation_checkpointing=errors.flag(t, "activationCheckpointing", f"{f}.activationCheckpointing"),
         dpo=dpo,
+        kernels=_get(t, "kernels", "auto"),
     )
+    if training.kernels not in KERNELS:
+        errors.add(f"{f}.kernels", f"must be one of {', '.join(KERNELS)}, got {training.kernels!r}")
     if training.epochs is not None and training.max_steps is not None:
         errors.add(f, "set spec.training.epochs or spec.training.maxSteps, not both")
     if training.epochs is None and training.max_steps is None:
@@ -740,6 +745,18 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         else Output()
     )
     acceleration = _get(spec, "acceleration", "auto")
+    if training.kernels == "liger" and not gpus:
+        errors.add(
+            "spec.training.kernels",
+            "Liger's kernels are Triton GPU kernels: request nvidia.com/gpu in spec.resources.limits, or set "
+            "kernels to auto or none",
+        )
+    if training.kernels == "liger" and acceleration == "ort":
+        errors.add(
+            "spec.training.kernels",
+            "Liger's kernels run on the default trainer image, not with acceleration ort; set spec.acceleration to "
+            "auto, none or compile",
+        )
     if task == "dpo" and acceleration == "ort":
         errors.add(
             "spec.acceleration",

@@ -341,6 +341,11 @@ def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> 
             "output.pushToHub.secretRef",
             ["write access", "spec.output.pushToHub.secretRef"],
         ),
+        (
+            {"configVersion": "1.4", "training": {"kernels": "liger"}},
+            "training.kernels",
+            ["Triton GPU kernels", "no GPU", "nvidia.com/gpu"],
+        ),
     ],
     ids=[
         "missing-dataset-field",
@@ -352,6 +357,7 @@ def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> 
         "ort-on-the-default-image",
         "qlora-on-cpu",
         "push-without-a-token",
+        "liger-on-cpu",
     ],
 )
 def test_bad_config_exits_78_naming_the_field(tmp_path: Path, override: dict, field: str, words: list[str]) -> None:

@@ -855,3 +855,37 @@ def test_an_export_sends_no_symbolic_link_and_reads_no_aws_config_under_home(tmp
     monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE", raising=False)
     export._no_shared_aws_config()
     assert os.environ["AWS_CONFIG_FILE"] == os.environ["AWS_SHARED_CREDENTIALS_FILE"] == os.devnull
+
+
+def test_kernels_liger_only_where_it_can_run_and_auto_only_where_measured(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """training.kernels: liger is refused without a GPU and for a model type Liger does not patch, each naming the
+    field; auto picks liger only on a hardware row that measured it faster (no built-in row does), which a platform
+    sets through FINETUNE_AUTO_TABLE; none is none."""
+    from finetune_trainer import accel
+    from finetune_trainer.errors import ConfigError
+
+    patched = frozenset({"llama", "qwen2"})
+    assert accel.explain_kernels("none", "cuda", "llama", supported=patched) == ("none", "requested none")
+    assert accel.explain_kernels("liger", "cuda", "llama", supported=patched) == ("liger", "requested liger")
+    with pytest.raises(ConfigError, match="no GPU") as e:
+        accel.explain_kernels("liger", "cpu", "llama", supported=patched)
+    assert e.value.field == "training.kernels"
+    with pytest.raises(ConfigError, match=r"model type 'gpt2'.*llama, qwen2"):
+        accel.explain_kernels("liger", "cuda", "gpt2", supported=patched)
+    for hardware in ("cpu", "cuda"):  # the built-in rows: no measurement shows it faster yet
+        kernels, why = accel.explain_kernels("auto", hardware, "llama", supported=patched)
+        assert kernels == "none" and "no measurement" in why
+    monkeypatch.setenv(accel.AUTO_TABLE_ENV, '{"cuda": {"acceleration": "compile", "kernels": "liger"}}')
+    assert accel.explain_kernels("auto", "cuda", "llama", supported=patched)[0] == "liger"
+    assert accel.explain_kernels("auto", "cuda", "gpt2", supported=patched)[0] == "none"  # auto never refuses
+    monkeypatch.setenv(accel.AUTO_TABLE_ENV, '{"cuda": {"acceleration": "compile", "kernels": "unsloth"}}')
+    with pytest.raises(ConfigError, match="kernels must be"):
+        accel.explain_kernels("auto", "cuda", "llama", supported=patched)
+
+
+def test_liger_knows_the_tiny_llama_and_not_the_tiny_gpt2() -> None:
+    """The real liger-kernel package of the default stack (imported on CPU: its kernels need a GPU only to run)."""
+    from finetune_trainer import accel
+
+    types = accel.liger_model_types()
+    assert "llama" in types and "gpt2" not in types

@@ -48,7 +48,7 @@ SPECS: dict[str, dict[str, Any]] = {
         "model": {"name": "org/m"},
         "dataset": {"path": "/d", "promptField": "p", "completionField": "c"},
         "resources": {"limits": {"nvidia.com/gpu": 2}},
-        "training": {"epochs": 2, "lora": {"r": 16, "alpha": 64, "quantization": "4bit"}},
+        "training": {"epochs": 2, "lora": {"r": 16, "alpha": 64, "quantization": "4bit"}, "kernels": "liger"},
         "output": {"claimName": "o"},
     },
     "dpo-defaults": {
@@ -87,11 +87,12 @@ def test_every_builder_output_parses_in_the_trainer(name: str, raw: dict[str, An
         t.max_seq_length,
         t.seed,
     )
-    assert (ct.packing, ct.loss_on, ct.sharding, ct.activation_checkpointing) == (
+    assert (ct.packing, ct.loss_on, ct.sharding, ct.activation_checkpointing, ct.kernels) == (
         t.packing,
         t.loss_on,
         t.sharding,
         t.activation_checkpointing,
+        t.kernels,
     )
     d = spec.dataset
     sft = "chat" if d.messages_field else "prompt-completion" if d.prompt_field else None

@@ -223,3 +223,30 @@ def test_a_job_cannot_turn_the_node_role_back_on_through_its_env() -> None:
     value would override it (the node's IAM role, shared by every job on the node)."""
     found = errors_of(base_spec(env=[{"name": "AWS_EC2_METADATA_DISABLED", "value": "false"}]))
     assert "allowInstanceMetadata" in found["spec.env[0].name"], found
+
+
+@pytest.mark.parametrize(
+    ("over", "words"),
+    [
+        ({"training": {"maxSteps": 5, "kernels": "liger"}}, ["Triton GPU kernels", "nvidia.com/gpu"]),
+        (
+            {
+                "training": {"maxSteps": 5, "kernels": "liger"},
+                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "acceleration": "ort",
+            },
+            ["acceleration ort"],
+        ),
+        ({"training": {"maxSteps": 5, "kernels": "unsloth"}}, ["auto, liger, none", "'unsloth'"]),
+    ],
+    ids=["liger-on-cpu", "liger-with-ort", "unknown"],
+)
+def test_kernels_that_cannot_run_are_refused_before_any_pod(over: dict[str, Any], words: list[str]) -> None:
+    found = errors_of(base_spec(**over))
+    assert all(w in found["spec.training.kernels"] for w in words), found
+
+
+def test_kernels_default_to_auto_and_liger_is_accepted_on_gpus() -> None:
+    assert parse_spec(base_spec(training={"maxSteps": 5})).training.kernels == "auto"
+    gpu = base_spec(training={"maxSteps": 5, "kernels": "liger"}, resources={"limits": {"nvidia.com/gpu": 1}})
+    assert parse_spec(gpu).training.kernels == "liger"

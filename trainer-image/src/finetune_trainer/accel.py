@@ -48,6 +48,7 @@ class AutoRow:
     acceleration: str
     min_work_flops: float = 0.0
     min_fill: float = 0.0
+    kernels: str = "none"  # "liger" only on a row whose measurement shows Liger's kernels faster
 
 
 # hardware class -> row; see docs/benchmarks.md "Trainer throughput" for the figures behind each row.
@@ -82,8 +83,13 @@ def auto_table() -> dict[str, AutoRow]:
         for hardware, row in rows.items():
             if row["acceleration"] not in ("none", "compile"):
                 raise ValueError(f"{hardware}: acceleration must be 'none' or 'compile'")
+            if row.get("kernels", "none") not in ("none", "liger"):
+                raise ValueError(f"{hardware}: kernels must be 'none' or 'liger'")
             table[hardware] = AutoRow(
-                row["acceleration"], float(row.get("minWorkFlops", 0)), float(row.get("minFill", 0))
+                row["acceleration"],
+                float(row.get("minWorkFlops", 0)),
+                float(row.get("minFill", 0)),
+                row.get("kernels", "none"),
             )
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ConfigError(
@@ -139,6 +145,44 @@ def explain_acceleration(requested: str, hardware: str, workload: Workload | Non
         f"auto: estimated work {workload.flops:.2g} FLOPs >= {row.min_work_flops:.2g}, rows fill {workload.fill:.0%} "
         f"of maxSeqLength: {row.acceleration}"
     )
+
+
+def liger_model_types() -> frozenset[str]:
+    """The model types Liger's kernels patch (liger_kernel's own table), imported only when asked."""
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    return frozenset(MODEL_TYPE_TO_APPLY_LIGER_FN)
+
+
+def explain_kernels(
+    requested: str, hardware: str, model_type: str | None, *, supported: frozenset[str] | None = None
+) -> tuple[str, str]:
+    """``training.kernels`` settled: 'liger' or 'none', and why (for the log and result.json).
+
+    'liger' is Triton GPU kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) patched into the model: refused
+    without a GPU and for a model type Liger does not patch. 'auto' picks it only where the hardware's row of the
+    auto table says a measurement showed it faster (no built-in row does yet: docs/benchmarks.md)."""
+    if requested == "none":
+        return "none", "requested none"
+    if requested == "liger" and hardware != "cuda":
+        raise ConfigError(
+            "training.kernels",
+            "Liger's kernels are Triton GPU kernels and this pod has no GPU: request nvidia.com/gpu in "
+            "spec.resources.limits or set spec.training.kernels to none",
+        )
+    row = auto_table().get(hardware)
+    if requested == "auto" and (row is None or row.kernels != "liger"):
+        return "none", f"auto: no measurement on {hardware} shows Liger's kernels faster; the model's own"
+    types = supported if supported is not None else liger_model_types()
+    if model_type not in types:
+        if requested == "auto":
+            return "none", f"auto: Liger has no kernels for model type {model_type!r}; the model's own"
+        raise ConfigError(
+            "training.kernels",
+            f"Liger has no kernels for model type {model_type!r} (it patches: {', '.join(sorted(types))}); set "
+            "spec.training.kernels to none or auto",
+        )
+    return "liger", "requested liger" if requested == "liger" else f"auto: the {hardware} row measured Liger faster"
 
 
 def fused_adamw_supported(device_type: str) -> bool:

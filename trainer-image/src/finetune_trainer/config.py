@@ -150,6 +150,7 @@ class TrainingConfig:
     sharding: str = "none"  # "fsdp": fully sharded data parallel
     activation_checkpointing: bool = False
     dpo: DpoConfig = field(default_factory=DpoConfig)
+    kernels: str = "auto"  # "liger": Liger's Triton kernels (CUDA only); "auto": where a measurement says so
 
 
 @dataclass(frozen=True)
@@ -394,10 +395,15 @@ def parse_config(raw: dict[str, Any]) -> Config:
         loss_on=t.get("lossOn") or "completion",
         sharding=t.get("sharding") or "none",
         activation_checkpointing=bool(t.get("activationCheckpointing") or False),
+        kernels=t.get("kernels") or "auto",
         dpo=DpoConfig(
             beta=(t.get("dpo") or {}).get("beta", 0.1), loss_type=(t.get("dpo") or {}).get("lossType", "sigmoid")
         ),
     )
+    if training.kernels == "liger" and raw.get("acceleration") == "ort":
+        raise ConfigError(
+            "training.kernels", "Liger's kernels run on the default trainer image, not with acceleration ort"
+        )
     if t.get("dpo") and task != "dpo":
         raise ConfigError("training.dpo", f"DPO settings are for task dpo, not {task!r}")
     if task == "dpo" and training.packing:

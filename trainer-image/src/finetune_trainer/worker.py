@@ -77,7 +77,9 @@ def _auto_classes(task: str) -> Any:
     }[task]
 
 
-def build_training_args(config: Config, backend: accel.Backend, ident: Identity, *, cuda: bool, precision: str) -> Any:
+def build_training_args(
+    config: Config, backend: accel.Backend, ident: Identity, *, cuda: bool, precision: str, kernels: str = "none"
+) -> Any:
     _, args_cls = backend.classes()
     t = config.training
     sft: dict[str, Any] = {}
@@ -141,6 +143,8 @@ def build_training_args(config: Config, backend: accel.Backend, ident: Identity,
         kwargs["ddp_backend"] = "nccl" if cuda else "gloo"
     if not cuda:
         kwargs["use_cpu"] = True
+    if kernels == "liger":  # the Trainer patches Liger's kernels into the model (its base model under PEFT)
+        kwargs["use_liger_kernel"] = True
     kwargs.update(backend.extra_args)
     kwargs.update(t.extra_args)
     kwargs = {k: v for k, v in kwargs.items() if k in known or k in t.extra_args}
@@ -361,6 +365,8 @@ class Setup:
     resume: Any  # the agreed checkpoint, or None
     resume_fallbacks: int
     phases: dict[str, float]  # start-up seconds by phase, for result.json
+    kernels: str = "none"  # settled once the model type is known (accel.explain_kernels)
+    kernels_why: str = "not settled yet"
 
 
 @dataclass
@@ -484,6 +490,9 @@ def load_the_model(
     model = load_model(config, setup.backend, tokenizer, ds.labels, device=device, precision=setup.precision)
     params = sum(p.numel() for p in model.parameters())
     setup.phases["model_seconds"] = time.time() - launch_time - sum(setup.phases.values())
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    setup.kernels, setup.kernels_why = accel.explain_kernels(config.training.kernels, setup.hardware, model_type)
+    rebuild = setup.kernels != "none"
     if config.acceleration == "auto" and accel.weighs_workload(setup.hardware):
         load = workload(
             config,
@@ -496,7 +505,11 @@ def load_the_model(
         setup.kind, setup.why = accel.explain_acceleration("auto", setup.hardware, load)
         if setup.kind != setup.backend.name:
             setup.backend = accel.make_backend(setup.kind)
-            setup.args = build_training_args(config, setup.backend, ident, cuda=setup.cuda, precision=setup.precision)
+            rebuild = True
+    if rebuild:
+        setup.args = build_training_args(
+            config, setup.backend, ident, cuda=setup.cuda, precision=setup.precision, kernels=setup.kernels
+        )
     return Model(model, params)
 
 
@@ -516,13 +529,14 @@ def build_trainer(
     precision, args = setup.precision, setup.args
     attention = getattr(getattr(m.model, "config", None), "_attn_implementation", None)
     log.info(
-        "rank %d/%d (node %d): task=%s acceleration=%s (%s) precision=%s attention=%s optim=%s",
+        "rank %d/%d (node %d): task=%s acceleration=%s (%s) kernels=%s precision=%s attention=%s optim=%s",
         ident.rank,
         ident.world_size,
         ident.node_rank,
         config.task,
         setup.kind,
         setup.why,
+        setup.kernels,
         precision,
         attention,
         optimizer_name(args),
@@ -711,6 +725,8 @@ def save_results(
                 "acceleration": kind,
                 "acceleration_requested": config.acceleration,
                 "acceleration_reason": why,
+                "kernels": setup.kernels,
+                "kernels_reason": setup.kernels_why,
                 "attention": attention,
                 "optimizer": optimizer_name(setup.args),
                 "precision": precision,
