@@ -113,6 +113,19 @@ def test_dpo_with_lora_on_plain_pairs(tmp_path: Path) -> None:
     assert (out / "model" / "adapter_config.json").exists(), sorted(p.name for p in (out / "model").iterdir())
 
 
+def test_dpo_with_fsdp_shards_the_policy_and_its_reference(tmp_path: Path) -> None:
+    """Full sharding on two nodes: the policy and the frozen reference are both sharded (FSDP), the checkpoint holds
+    one shard per rank, and the rewards still separate chosen from rejected."""
+    out = tmp_path / "out"
+    cfg = dpo_config(out, training={"sharding": "fsdp", "checkpointEverySteps": 15, "maxSteps": 30})
+    finish(run_gang(tmp_path, cfg))
+    result = read_json(out / "result.json")
+    assert result["sharding"] == "fsdp" and result["world_size"] == 2
+    rewards_rise(result)
+    ckpt = out / "checkpoints" / f"checkpoint-{complete_steps(out)[-1]}"
+    assert (ckpt / "pytorch_model_fsdp_0").is_dir(), sorted(p.name for p in ckpt.iterdir())
+
+
 def _bad_rows(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
     data = tmp_path / "pairs"
     data.mkdir()
