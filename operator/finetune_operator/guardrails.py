@@ -65,6 +65,16 @@ def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
     return None
 
 
+def _outside(field: str, value: str | None, allowed: tuple[str, ...], helm: str, hint: str = "") -> Violation | None:
+    """``value`` left out by the platform's allowlist (Helm value ``guardrails.<helm>``; empty: any is allowed)."""
+    if not allowed or value is None or value in allowed:
+        return None
+    return Violation(
+        "InvalidSpec",
+        f"{field}: {value} is not allowed; allowed: {', '.join(allowed)} (Helm value guardrails.{helm}){hint}",
+    )
+
+
 def _toleration_refused(spec: JobSpec, settings: Settings) -> Violation | None:
     """A toleration whose key is not allowed lets the job onto nodes tainted for someone else; one without a key
     (operator Exists) tolerates every taint. The platform's own ``trainer.tolerations`` are not the job's."""
@@ -138,47 +148,43 @@ def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
         )
     if settings.allowed_image_prefixes and (pinned := _pins_images(spec, settings)) is not None:
         return pinned
-    pc = spec.pod_template.priority_class_name
-    if settings.allowed_priority_classes and pc is not None and pc not in settings.allowed_priority_classes:
-        allowed = ", ".join(settings.allowed_priority_classes)
-        return Violation(
-            "InvalidSpec",
-            f"spec.podTemplate.priorityClassName: {pc} is not allowed; allowed: "
-            f"{allowed} (Helm value guardrails.allowedPriorityClasses)",
-        )
-    kueue_pc = spec.pod_template.labels.get(KUEUE_PRIORITY_LABEL)
-    if settings.allowed_priority_classes and kueue_pc is not None and kueue_pc not in settings.allowed_priority_classes:
-        allowed = ", ".join(settings.allowed_priority_classes)
-        return Violation(
-            "InvalidSpec",
-            f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']: {kueue_pc} is not "
-            f"allowed; allowed: {allowed} (Helm value guardrails.allowedPriorityClasses)",
-        )
+    pt, classes = spec.pod_template, settings.allowed_priority_classes
+    for refused in (
+        _outside("spec.podTemplate.priorityClassName", pt.priority_class_name, classes, "allowedPriorityClasses"),
+        _outside(
+            f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']",
+            pt.labels.get(KUEUE_PRIORITY_LABEL),
+            classes,
+            "allowedPriorityClasses",
+        ),
+    ):
+        if refused is not None:
+            return refused
     if settings.require_queue_name and not spec.queue_name:
         return Violation(
             "InvalidSpec",
             "spec.queueName: the platform admits jobs only through Kueue (Helm value "
             "guardrails.requireQueueName); name a LocalQueue of the namespace (kubectl get localqueues)",
         )
-    sa = spec.pod_template.service_account_name
-    if settings.allowed_service_accounts and sa is not None and sa not in settings.allowed_service_accounts:
-        allowed = ", ".join(settings.allowed_service_accounts)
-        return Violation(
-            "InvalidSpec",
-            f"spec.podTemplate.serviceAccountName: {sa} is not allowed; allowed: {allowed} "
-            "(Helm value guardrails.allowedServiceAccounts); a ServiceAccount's token and cloud role "
-            "would reach the job's code",
-        )
-    if settings.allowed_toleration_keys and (refused := _toleration_refused(spec, settings)) is not None:
-        return refused
-    scheduler = spec.pod_template.scheduler_name
-    if settings.allowed_schedulers and scheduler is not None and scheduler not in settings.allowed_schedulers:
-        allowed = ", ".join(settings.allowed_schedulers)
-        return Violation(
-            "InvalidSpec",
-            f"spec.podTemplate.schedulerName: {scheduler} is not allowed; allowed: {allowed} (Helm value "
-            "guardrails.allowedSchedulers); leave it out for the cluster's default scheduler",
-        )
+    for refused in (
+        _outside(
+            "spec.podTemplate.serviceAccountName",
+            pt.service_account_name,
+            settings.allowed_service_accounts,
+            "allowedServiceAccounts",
+            "; a ServiceAccount's token and cloud role would reach the job's code",
+        ),
+        _toleration_refused(spec, settings) if settings.allowed_toleration_keys else None,
+        _outside(
+            "spec.podTemplate.schedulerName",
+            pt.scheduler_name,
+            settings.allowed_schedulers,
+            "allowedSchedulers",
+            "; leave it out for the cluster's default scheduler",
+        ),
+    ):
+        if refused is not None:
+            return refused
     if spec.model.trust_remote_code and not settings.allow_trust_remote_code:
         return Violation(
             "InvalidSpec",

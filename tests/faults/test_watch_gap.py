@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -30,21 +32,34 @@ RESYNC_SECONDS = 30  # the default: the periodic list, the safety net, is 300 s 
 NOTICED_WITHIN = 40  # seconds after the relist
 
 
+class Rig:
+    """The fault proxy in front of the API server, the operator behind it (resync at the default), a simulated
+    kubelet and a pod watch that checks every attempt's pods."""
+
+    def __init__(self, cluster: Any, api_client: Any, namespace: str, tmp_path: Path, *, seed: int) -> None:
+        server, tls = upstream_of(cluster.kubeconfig, tmp_path)
+        self.proxy = FaultProxy(server, tls, rate=0.0, seed=seed, watch_cut_s=None).start()
+        self.jobs, self.kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
+        kubeconfig = self.proxy.write_kubeconfig(tmp_path / "proxy.kubeconfig")
+        self.op = OperatorProcess(kubeconfig, namespace, FINETUNE_RESYNC_SECONDS=str(RESYNC_SECONDS)).start()
+        self.seen = Observed()
+        self.pod_watch = PodWatch(api_client, namespace, self.seen)
+        self.pod_watch.start()
+
+    def stop(self) -> None:
+        self.pod_watch.stop.set()
+        self.op.stop()
+        self.proxy.stop()
+
+
 def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
     cluster,
     api_client,
     namespace,  # type: ignore[no-untyped-def]
     tmp_path,
 ) -> None:
-    server, tls = upstream_of(cluster.kubeconfig, tmp_path)
-    proxy = FaultProxy(server, tls, rate=0.0, seed=1, watch_cut_s=None).start()
-    jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
-    op = OperatorProcess(
-        proxy.write_kubeconfig(tmp_path / "proxy.kubeconfig"), namespace, FINETUNE_RESYNC_SECONDS=str(RESYNC_SECONDS)
-    ).start()
-    seen = Observed()
-    pod_watch = PodWatch(api_client, namespace, seen)
-    pod_watch.start()
+    rig = Rig(cluster, api_client, namespace, tmp_path, seed=1)
+    proxy, jobs, kubelet, op, seen = rig.proxy, rig.jobs, rig.kubelet, rig.op, rig.seen
     core = client.CoreV1Api(api_client)
     try:
         jobs.create(make_job("gap").nodes(2).max_restarts(2).build())
@@ -91,9 +106,7 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
         figures = proxy.figures()
         ghost_events = [e.reason for e in jobs.events("ghost") if e.involved_object.uid == new_uid]
     finally:
-        pod_watch.stop.set()
-        op.stop()
-        proxy.stop()
+        rig.stop()
     print(
         json.dumps(
             {
@@ -125,15 +138,8 @@ def test_a_gap_that_leaves_no_trainer_pod_is_noticed_from_the_jobs_relist(
     """The only trainer pod in the operator's sight is deleted in the gap: the pod watch's relist then delivers no
     event at all, and the job's is what makes its pods listed again (the gang restarts within seconds, not at the
     periodic list)."""
-    server, tls = upstream_of(cluster.kubeconfig, tmp_path)
-    proxy = FaultProxy(server, tls, rate=0.0, seed=2, watch_cut_s=None).start()
-    jobs, kubelet = Jobs(api_client, namespace), FakeKubelet(api_client, namespace)
-    op = OperatorProcess(
-        proxy.write_kubeconfig(tmp_path / "proxy.kubeconfig"), namespace, FINETUNE_RESYNC_SECONDS=str(RESYNC_SECONDS)
-    ).start()
-    seen = Observed()
-    pod_watch = PodWatch(api_client, namespace, seen)
-    pod_watch.start()
+    rig = Rig(cluster, api_client, namespace, tmp_path, seed=2)
+    proxy, jobs, kubelet, seen = rig.proxy, rig.jobs, rig.kubelet, rig.seen
     try:
         jobs.create(make_job("alone").max_restarts(2).build())
         (pod,) = jobs.wait_pods("alone", 1, attempt=0)
@@ -156,9 +162,7 @@ def test_a_gap_that_leaves_no_trainer_pod_is_noticed_from_the_jobs_relist(
         jobs.wait_pods("alone", 1, attempt=1)
         time.sleep(2)  # what the pod watch has left to see
     finally:
-        pod_watch.stop.set()
-        op.stop()
-        proxy.stop()
+        rig.stop()
     print(json.dumps({"scenario": "the only trainer pod deleted in a watch gap", "noticed_s": round(noticed, 1)}))
     assert seen.overlaps == [], seen.overlaps
     assert seen.attempts["alone"] == {0, 1} and seen.pods_created["alone"] == 2
