@@ -46,6 +46,17 @@ class Rig:
         self.pod_watch = PodWatch(api_client, namespace, self.seen)
         self.pod_watch.start()
 
+    def end_gap(self, job: str) -> float:
+        """Answer the held watches with 410 Gone; seconds until ``job``'s gang restart is recorded."""
+        relisted = time.monotonic()
+        self.proxy.expire_watches()
+        wait_for(
+            lambda: (self.jobs.status(job).get("attempt") or 0) >= 1,
+            timeout=NOTICED_WITHIN,
+            what=f"the gang restart of {job} for the pod deleted in the gap",
+        )
+        return time.monotonic() - relisted
+
     def stop(self) -> None:
         self.pod_watch.stop.set()
         self.op.stop()
@@ -90,13 +101,7 @@ def test_a_rank_deleted_in_a_watch_gap_is_noticed_from_the_relist(
         new_uid = jobs.get("ghost")["metadata"]["uid"]
         time.sleep(1)
         relisted = time.monotonic()
-        proxy.expire_watches()
-        wait_for(
-            lambda: (jobs.status("gap").get("attempt") or 0) >= 1,
-            timeout=NOTICED_WITHIN,
-            what="the gang restart for the rank deleted in the gap",
-        )
-        noticed = time.monotonic() - relisted
+        noticed = rig.end_gap("gap")
         (ghost_pod,) = jobs.wait_pods("ghost", 1, timeout=NOTICED_WITHIN)
         ghost_s = time.monotonic() - relisted
         for p in jobs.wait_pods("gap", 2, attempt=1):
@@ -151,14 +156,7 @@ def test_a_gap_that_leaves_no_trainer_pod_is_noticed_from_the_jobs_relist(
         client.CoreV1Api(api_client).delete_namespaced_pod("alone-node-0", namespace, grace_period_seconds=0)
         wait_for(lambda: not jobs.pods("alone"), timeout=20, what="the job's only pod to be gone")
         time.sleep(1)
-        relisted = time.monotonic()
-        proxy.expire_watches()
-        wait_for(
-            lambda: (jobs.status("alone").get("attempt") or 0) >= 1,
-            timeout=NOTICED_WITHIN,
-            what="the gang restart for the pod deleted in the gap",
-        )
-        noticed = time.monotonic() - relisted
+        noticed = rig.end_gap("alone")
         jobs.wait_pods("alone", 1, attempt=1)
         time.sleep(2)  # what the pod watch has left to see
     finally:
