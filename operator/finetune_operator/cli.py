@@ -42,7 +42,9 @@ class PeeringGate:
     of every watched namespace (or the cluster-wide one), read at most every few seconds; a failed read keeps the
     last answer (off until one read succeeded). Exports the answer, also while reads fail (so an operator that may
     not read its peering objects shows inactive and alerts), and the missing objects, and logs each object that goes
-    missing or comes back."""
+    missing or comes back. The reads run on a thread of their own: the backstop's loop, whose heartbeat is the
+    liveness probe's, only reads the last answer and never waits on the API server (one slow GET per watched
+    namespace could otherwise hold it past the liveness limit)."""
 
     def __init__(
         self, kube: Any, namespaces: tuple[str, ...], priority: int, metrics: Any = None, every: float = 1.0
@@ -51,15 +53,27 @@ class PeeringGate:
         self.namespaces: tuple[str | None, ...] = namespaces or (None,)
         self._at, self._answer = float("-inf"), False
         self._missing: set[str | None] = set()
+        self._reading = threading.Lock()
 
     def __call__(self) -> bool:
+        """The last answer; starts a read when it is older than ``every`` and none is running."""
+        if time.monotonic() - self._at >= self.every and self._reading.acquire(blocking=False):
+            self._at = time.monotonic()
+            threading.Thread(target=self._read_and_release, name="peering-gate", daemon=True).start()
+        return self._answer
+
+    def _read_and_release(self) -> None:
+        try:
+            self.read()
+        finally:
+            self._reading.release()
+
+    def read(self) -> bool:
+        """Read every peering object now and settle the answer (what the reading thread runs)."""
         from datetime import UTC, datetime
 
         from finetune_operator.peering import backstop_active
 
-        if time.monotonic() - self._at < self.every:
-            return self._answer
-        self._at = time.monotonic()
         try:
             objects = {ns: self.kube.get_peering("finetune-operator", ns) for ns in self.namespaces}
         except Exception as e:  # keep the last answer; kopf's own peering also rides out API hiccups

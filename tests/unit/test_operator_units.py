@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from finetune_operator.spec import SpecError, parse_spec
 from finetune_operator.status import Progress, ts
 
 from tests.unit.factories import NOW, REF, STARTED, base_spec, decided, job, pod, running
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -1225,5 +1226,29 @@ def test_a_replica_that_cannot_read_its_peering_objects_exports_an_inactive_back
 
     metrics = OperatorMetrics()
     gate = PeeringGate(Forbidden(), ("team-a",), priority=100, metrics=metrics, every=0.0)
-    assert gate() is False
+    assert gate.read() is False
     assert metrics.backstop_active._value.get() == 0
+
+
+def test_the_backstop_loop_never_waits_on_a_peering_read() -> None:
+    """The gate's reads run on a thread of their own: while one hangs on the API server, the loop (whose heartbeat
+    is the liveness probe's) gets the last answer at once; the answer changes once the read returns."""
+    import threading
+
+    from finetune_operator.cli import PeeringGate
+
+    release, asked = threading.Event(), threading.Event()
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    class Hanging:
+        def get_peering(self, name: str, namespace: str | None) -> dict[str, Any]:
+            asked.set()
+            release.wait()
+            return {"status": {"me": {"priority": 100, "lastseen": now, "lifetime": 60}}}
+
+    gate = PeeringGate(Hanging(), ("team-a",), priority=100, every=0.0)
+    assert gate() is False  # the first answer, before any read returned
+    assert asked.wait(10)
+    assert gate() is False and gate() is False  # the read hangs; the loop is answered
+    release.set()
+    wait_for(lambda: gate() is True, timeout=10, what="the answer of the read that returned")  # its own live entry
