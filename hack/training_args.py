@@ -80,6 +80,28 @@ def emit(stack: str) -> dict[str, Any]:
         from transformers import TrainingArguments
 
         cls = TrainingArguments
+    fields = _fields(cls)
+    from transformers.integrations import get_available_reporting_integrations
+
+    table = {
+        "transformers": transformers.__version__,
+        "class": cls.__name__,
+        "reportTo": sorted(get_available_reporting_integrations()),
+        "deepspeed": importlib.util.find_spec("deepspeed") is not None,
+        "fields": fields,
+    }
+    if stack == "default":  # the TRL trainers' configs add fields of their own (SFT data, DPO)
+        from trl import DPOConfig, SFTConfig
+
+        table["trlFields"] = {
+            name: {k: v for k, v in _fields(trl_cls).items() if k not in fields}
+            for name, trl_cls in (("sft", SFTConfig), ("dpo", DPOConfig))
+        }
+    return table
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    """Every init field of a TrainingArguments dataclass: its JSON types and, for an enum, its values."""
     hints = typing.get_type_hints(cls)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -90,15 +112,7 @@ def emit(stack: str) -> dict[str, Any]:
         if values:
             entry["enum"] = sorted(set(values))
         fields[f.name] = entry
-    from transformers.integrations import get_available_reporting_integrations
-
-    return {
-        "transformers": transformers.__version__,
-        "class": cls.__name__,
-        "reportTo": sorted(get_available_reporting_integrations()),
-        "deepspeed": importlib.util.find_spec("deepspeed") is not None,
-        "fields": fields,
-    }
+    return fields
 
 
 def _ort_python() -> str:

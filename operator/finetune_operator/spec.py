@@ -745,6 +745,12 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
         else Output()
     )
     acceleration = _get(spec, "acceleration", "auto")
+    if training.kernels == "liger" and task not in ("causal-lm", "dpo"):
+        errors.add(
+            "spec.training.kernels",
+            f"Liger's kernels are for language-model heads (task causal-lm or dpo), not {task}; set kernels to auto "
+            "or none",
+        )
     if training.kernels == "liger" and not gpus:
         errors.add(
             "spec.training.kernels",
@@ -890,6 +896,12 @@ _TYPE_WORDS = {
 }
 
 
+def _sft(spec: JobSpec) -> bool:
+    """causal-lm data that trains with TRL's SFTTrainer (the trainer's data.uses_sft)."""
+    d = spec.dataset
+    return bool(d.messages_field or d.prompt_field or d.completion_field or spec.training.packing)
+
+
 def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
     """``spec.training.extraArgs`` against the TrainingArguments of the image the job will run (the default image, or
     the ONNX Runtime one for ``acceleration: ort``): each name must be a field, each value of the field's type (and
@@ -902,13 +914,16 @@ def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
         f"the {'ONNX Runtime' if spec.acceleration == 'ort' else 'default'} trainer image (transformers "
         f"{stack['transformers']})"
     )
+    # TRL's DPOConfig (task dpo) and SFTConfig (chat, prompt/completion or packed data) add fields of their own
+    trl = "dpo" if spec.task == "dpo" else "sft" if spec.task == "causal-lm" and _sft(spec) else None
+    names = {**stack["fields"], **(stack.get("trlFields", {}).get(trl, {}) if trl else {})}
     for key, value in spec.training.extra_args.items():
         field_path = f"spec.training.extraArgs.{key}"
         if key in MANAGED_TRAINING_ARGS:
             continue  # refused above, naming the typed field
-        known = stack["fields"].get(key)
+        known = names.get(key)
         if known is None:
-            close = difflib.get_close_matches(key, stack["fields"], n=3, cutoff=0.7)
+            close = difflib.get_close_matches(key, names, n=3, cutoff=0.7)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
             errors.add(field_path, f"is not a {stack['class']} field of {image}{hint}; fix or remove it")
             continue

@@ -102,14 +102,23 @@ def test_dpo_on_two_nodes_prefers_the_chosen_answers_and_resumes_after_a_kill(tm
 
 
 def test_dpo_with_lora_on_plain_pairs(tmp_path: Path) -> None:
-    """Plain string pairs, LoRA: the reference is the model with its adapter disabled (no second copy), and the
-    adapter is what is saved."""
+    """Plain string pairs, LoRA, evaluated every 15 steps on held-out pairs: the reference is the model with its
+    adapter disabled (no second copy), the evaluations report the rewards on the evaluation pairs, and the adapter is
+    what is saved."""
     out = tmp_path / "out"
-    cfg = dpo_config(out, data="preference-plain", training={"lora": LORA, "learningRate": 0.01})
+    cfg = dpo_config(
+        out,
+        data="preference-plain",
+        dataset={"evalSplit": "eval"},
+        training={"lora": LORA, "learningRate": 0.01, "evaluation": {"strategy": "steps", "everySteps": 15}},
+    )
     finish(run_gang(tmp_path, cfg))
     result = read_json(out / "result.json")
     assert result["dpo"]["pairs"] == "plain"
     rewards_rise(result)
+    assert [e["step"] for e in result["eval_history"]] == [15, 30], result["eval_history"]
+    final = result["final_eval"]
+    assert final["reward_margin"] > 0 and 0.5 < final["reward_accuracy"] <= 1, final
     assert (out / "model" / "adapter_config.json").exists(), sorted(p.name for p in (out / "model").iterdir())
 
 

@@ -889,3 +889,37 @@ def test_liger_knows_the_tiny_llama_and_not_the_tiny_gpt2() -> None:
 
     types = accel.liger_model_types()
     assert "llama" in types and "gpt2" not in types
+
+
+@pytest.mark.parametrize(
+    ("over", "cls"),
+    [
+        ({"task": "dpo", "dataset": {"path": str(TINY / "preference"), "promptField": "prompt",
+          "chosenField": "chosen", "rejectedField": "rejected"}, "training": {"dpo": {"beta": 0.3, "lossType": "ipo"}}},
+         "DPOConfig"),
+        ({"task": "causal-lm", "dataset": {"path": str(TINY / "chat"), "messagesField": "messages"}}, "SFTConfig"),
+        ({}, "TrainingArguments"),
+    ],
+    ids=["dpo", "sft", "plain"],
+)  # fmt: skip
+def test_training_arguments_carry_the_typed_fields_and_recompute_nothing_unasked(
+    tmp_path: Path, over: dict[str, Any], cls: str
+) -> None:
+    """What each task's arguments class gets from the typed fields: DPO's beta, loss type and max_length; Liger's
+    kernels as use_liger_kernel; and activation checkpointing off unless asked (TRL's configs default it on)."""
+    from finetune_trainer import accel
+    from finetune_trainer.worker import Identity, build_training_args
+
+    cfg = parse_config(deep_merge(tiny_config(tmp_path / "out", configVersion="1.4"), over))
+    ident = Identity(rank=0, local_rank=0, world_size=1, node_rank=0, nproc_per_node=1, nnodes=1, attempt=0)
+    backend = accel.make_backend("none")
+    args = build_training_args(cfg, backend, ident, cuda=False, precision="fp32")
+    assert type(args).__name__ == cls and args.gradient_checkpointing is False
+    assert not getattr(args, "use_liger_kernel", False)
+    if cls == "DPOConfig":
+        assert (args.beta, args.loss_type, args.max_length) == (0.3, ["ipo"], cfg.training.max_seq_length)
+    liger = build_training_args(cfg, backend, ident, cuda=False, precision="fp32", kernels="liger")
+    assert liger.use_liger_kernel is True
+    asked = parse_config(deep_merge(tiny_config(tmp_path / "out", configVersion="1.4"),
+                                    deep_merge(over, {"training": {"activationCheckpointing": True}})))  # fmt: skip
+    assert build_training_args(asked, backend, ident, cuda=False, precision="fp32").gradient_checkpointing is True

@@ -228,9 +228,13 @@ def test_a_job_cannot_turn_the_node_role_back_on_through_its_env() -> None:
 @pytest.mark.parametrize(
     ("over", "words"),
     [
-        ({"training": {"maxSteps": 5, "kernels": "liger"}}, ["Triton GPU kernels", "nvidia.com/gpu"]),
+        (
+            {"task": "causal-lm", "training": {"maxSteps": 5, "kernels": "liger"}},
+            ["Triton GPU kernels", "nvidia.com/gpu"],
+        ),
         (
             {
+                "task": "causal-lm",
                 "training": {"maxSteps": 5, "kernels": "liger"},
                 "resources": {"limits": {"nvidia.com/gpu": 1}},
                 "acceleration": "ort",
@@ -248,5 +252,9 @@ def test_kernels_that_cannot_run_are_refused_before_any_pod(over: dict[str, Any]
 
 def test_kernels_default_to_auto_and_liger_is_accepted_on_gpus() -> None:
     assert parse_spec(base_spec(training={"maxSteps": 5})).training.kernels == "auto"
-    gpu = base_spec(training={"maxSteps": 5, "kernels": "liger"}, resources={"limits": {"nvidia.com/gpu": 1}})
+    gpu = base_spec(
+        task="causal-lm", training={"maxSteps": 5, "kernels": "liger"}, resources={"limits": {"nvidia.com/gpu": 1}}
+    )
     assert parse_spec(gpu).training.kernels == "liger"
+    classify = base_spec(training={"maxSteps": 5, "kernels": "liger"}, resources={"limits": {"nvidia.com/gpu": 1}})
+    assert "language-model heads" in errors_of(classify)["spec.training.kernels"]  # Liger patches causal LMs only

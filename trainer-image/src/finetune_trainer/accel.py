@@ -154,8 +154,16 @@ def liger_model_types() -> frozenset[str]:
     return frozenset(MODEL_TYPE_TO_APPLY_LIGER_FN)
 
 
+LIGER_TASKS = ("causal-lm", "dpo")  # Liger's patches replace a causal LM's forward (its fused loss needs an lm_head)
+
+
 def explain_kernels(
-    requested: str, hardware: str, model_type: str | None, *, supported: frozenset[str] | None = None
+    requested: str,
+    hardware: str,
+    model_type: str | None,
+    *,
+    task: str = "causal-lm",
+    supported: frozenset[str] | None = None,
 ) -> tuple[str, str]:
     """``training.kernels`` settled: 'liger' or 'none', and why (for the log and result.json).
 
@@ -164,6 +172,14 @@ def explain_kernels(
     auto table says a measurement showed it faster (no built-in row does yet: docs/benchmarks.md)."""
     if requested == "none":
         return "none", "requested none"
+    if task not in LIGER_TASKS:
+        if requested == "auto":
+            return "none", f"auto: Liger's kernels are for language-model heads, not {task}; the model's own"
+        raise ConfigError(
+            "training.kernels",
+            f"Liger's kernels are for language-model heads (task causal-lm or dpo), not {task}; set "
+            "spec.training.kernels to auto or none",
+        )
     if requested == "liger" and hardware != "cuda":
         raise ConfigError(
             "training.kernels",
@@ -173,7 +189,16 @@ def explain_kernels(
     row = auto_table().get(hardware)
     if requested == "auto" and (row is None or row.kernels != "liger"):
         return "none", f"auto: no measurement on {hardware} shows Liger's kernels faster; the model's own"
-    types = supported if supported is not None else liger_model_types()
+    try:
+        types = supported if supported is not None else liger_model_types()
+    except ImportError as e:
+        if requested == "auto":
+            return "none", f"auto: Liger is not installed in this image ({e}); the model's own"
+        raise ConfigError(
+            "training.kernels",
+            f"Liger is not installed in this image ({e}): use the default trainer image, or set "
+            "spec.training.kernels to auto or none",
+        ) from None
     if model_type not in types:
         if requested == "auto":
             return "none", f"auto: Liger has no kernels for model type {model_type!r}; the model's own"

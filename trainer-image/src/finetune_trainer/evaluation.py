@@ -3,6 +3,7 @@
 - every task: ``eval_loss`` (the Trainer's);
 - ``causal-lm``: ``perplexity`` = exp(eval_loss), derived (no logits are kept: a vocabulary-wide logit tensor per
   evaluated token would not fit in memory for real models);
+- ``dpo``: ``reward_accuracy`` and ``reward_margin`` on the evaluation pairs (TRL's ``rewards/*``);
 - ``sequence-classification``: ``accuracy`` and macro-averaged ``f1``, from predictions reduced to class ids on the
   device batch by batch (``preprocess_logits_for_metrics``), so only one integer per row is gathered.
 """
@@ -16,7 +17,11 @@ from typing import Any
 REPORTED = {
     "sequence-classification": ("eval_loss", "eval_accuracy", "eval_f1"),
     "causal-lm": ("eval_loss",),
+    # TRL's DPOTrainer: the rewards on the evaluation pairs
+    "dpo": ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins"),
 }
+# Reported names where the Trainer's own are not plain words
+RENAMED = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_margin"}
 
 
 def argmax_logits(logits: Any, labels: Any) -> Any:
@@ -48,7 +53,8 @@ def summarize(task: str, step: int, metrics: dict[str, float]) -> dict[str, floa
     out: dict[str, float] = {"step": step}
     for key in REPORTED.get(task, ("eval_loss",)):
         if key in metrics:
-            out[key.removeprefix("eval_")] = float(metrics[key])
+            name = key.removeprefix("eval_")
+            out[RENAMED.get(name, name)] = float(metrics[key])
     if task == "causal-lm" and "loss" in out:
         out["perplexity"] = math.exp(out["loss"]) if out["loss"] < 700 else math.inf
     return out

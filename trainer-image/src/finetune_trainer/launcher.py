@@ -60,7 +60,9 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
     kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda_available))
     accel.check_available(kind, nproc_per_node=run.nproc_per_node, cuda_available=cuda_available)
     if config.training.kernels == "liger" and not cuda_available:  # before torchrun: the model type waits for it
-        accel.explain_kernels("liger", accel.hardware_class(cuda_available), None, supported=frozenset())
+        accel.explain_kernels(
+            "liger", accel.hardware_class(cuda_available), None, task=config.task, supported=frozenset()
+        )
     if data.uses_sft(config):
         field = (
             "training.packing"
@@ -79,11 +81,18 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
                 "chat, prompt/completion data and packing need TRL, which this image lacks; use "
                 "the default trainer image (remove spec.image)",
             )
+    if config.task == "dpo" and importlib.util.find_spec("trl") is None:
+        raise ConfigError("task", "task dpo needs TRL, which this image lacks; use the default trainer image")
     validate_llm(config, kind, cuda_available=cuda_available)
     if config.training.precision == "fp16" and not cuda_available:
         raise ConfigError("training.precision", "fp16 needs a GPU; use 'auto', 'bf16' or 'fp32' on CPU")
 
     args_cls = accel.make_backend(kind).args_class()
+    if config.task == "dpo" or data.uses_sft(config):  # TRL's config classes add fields of their own
+        from trl.trainer.dpo_config import DPOConfig
+        from trl.trainer.sft_config import SFTConfig
+
+        args_cls = DPOConfig if config.task == "dpo" else SFTConfig
     known = compat.training_arg_names(args_cls)
     for key in config.training.extra_args:
         if key not in known:

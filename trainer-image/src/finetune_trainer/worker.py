@@ -135,6 +135,10 @@ def build_training_args(
         name = "activation_checkpointing" if "activation_checkpointing" in known else "gradient_checkpointing"
         kwargs[name] = True
         kwargs[name + "_kwargs"] = {"use_reentrant": False}  # frozen (LoRA) inputs still get gradients
+    if not kwargs.get("gradient_checkpointing"):
+        # Off unless asked (TRL's configs default it on): recomputing activations costs a third more compute, and
+        # under FSDP its own activation checkpointing (sharding.training_args) is the one that must run.
+        kwargs["gradient_checkpointing"] = False
     if t.max_steps is not None:
         kwargs["max_steps"] = t.max_steps
     else:
@@ -466,7 +470,14 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
             data.check_columns(config, list(raw.column_names))
             if config.task == "dpo":  # TRL's DPOTrainer tokenizes each pair; every row is checked first
                 prepared.append(data.preference_dataset(config, raw))
-                preference = data.check_preference_rows(config, prepared[-1], tokenizer, split)
+                kind = data.check_preference_rows(config, prepared[-1], tokenizer, split)
+                if preference is not None and kind != preference:
+                    raise ConfigError(
+                        "dataset.evalSplit",
+                        f"split {split!r} holds {kind} pairs but {config.dataset.split!r} holds {preference} ones; "
+                        "use one kind for both",
+                    )
+                preference = kind
                 mean_tokens.append(0.0)
             elif sft:  # TRL's SFTTrainer renders and tokenizes; every row is checked first, naming the bad one
                 prepared.append(data.sft_dataset(config, raw))
@@ -491,9 +502,15 @@ def load_the_model(
     params = sum(p.numel() for p in model.parameters())
     setup.phases["model_seconds"] = time.time() - launch_time - sum(setup.phases.values())
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    setup.kernels, setup.kernels_why = accel.explain_kernels(config.training.kernels, setup.hardware, model_type)
+    setup.kernels, setup.kernels_why = accel.explain_kernels(
+        config.training.kernels, setup.hardware, model_type, task=config.task
+    )
     rebuild = setup.kernels != "none"
-    if config.acceleration == "auto" and accel.weighs_workload(setup.hardware):
+    if config.acceleration == "auto" and accel.weighs_workload(setup.hardware) and ds.preference is not None:
+        setup.kind, setup.why = "none", "auto: task dpo is not weighed (TRL pads each pair: the fill is unknown); eager"
+        rebuild = rebuild or setup.backend.name != "none"
+        setup.backend = accel.make_backend("none")
+    elif config.acceleration == "auto" and accel.weighs_workload(setup.hardware):
         load = workload(
             config,
             ident,
