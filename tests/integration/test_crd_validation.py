@@ -54,6 +54,37 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("relative-model-path", make_job("x").set("model", {"path": "models/tiny"}).build(), "spec.model.path"),
     (
+        "dpo-with-chat-column",
+        make_job("x").set("task", "dpo").set("dataset.messagesField", "m").build(),
+        "spec.dataset",
+    ),
+    (
+        "chosen-on-causal-lm",
+        make_job("x").set("task", "causal-lm").set("dataset.chosenField", "c").build(),
+        "spec.dataset",
+    ),
+    (
+        "dpo-settings-on-causal-lm",
+        make_job("x").set("task", "causal-lm").set("training.dpo", {"beta": 0.1}).build(),
+        "spec.training.dpo",
+    ),
+    (
+        "dpo-beta-zero",
+        make_job("x").set("task", "dpo").set("training.dpo", {"beta": 0}).build(),
+        "spec.training.dpo.beta",
+    ),
+    ("dpo-with-ort", make_job("x").set("task", "dpo").set("acceleration", "ort").build(), "spec.acceleration"),
+    (
+        "liger-without-gpu",
+        make_job("x").set("task", "causal-lm").set("training.kernels", "liger").build(),
+        "spec.training.kernels",
+    ),
+    (
+        "prompt-without-completion",
+        make_job("x").set("task", "causal-lm").set("dataset.promptField", "p").build(),
+        "spec.dataset.completionField",
+    ),
+    (
         "claim-and-template",
         make_job("x")
         .set(
