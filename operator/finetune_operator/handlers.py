@@ -117,12 +117,9 @@ def build_registry(
             fresh = store.put_job(_plain(body))
             if type is None:
                 # kopf's listing (at start, or after a 410): deletions in the gap are never delivered, and a pod
-                # watch whose relist finds no trainer pod at all delivers nothing, so the jobs' listing also makes
-                # each job's pods listed again, and each listed job gets a pass.
-                if store.relisted():
-                    log.info(
-                        "the job watch listed its jobs (at start, or after a gap): each job's pods are listed again"
-                    )
+                # watch whose relist finds no trainer pod at all delivers nothing, so each job the listing delivers
+                # has its pods listed again by the pass that follows (one LIST per job per relist, no time window).
+                store.untrust((ns, name))
             elif not fresh:
                 return  # the echo of this operator's own status write (or an older version): nothing new
         await run_pass(ns, name)
