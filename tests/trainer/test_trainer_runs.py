@@ -342,9 +342,14 @@ def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> 
             ["write access", "spec.output.pushToHub.secretRef"],
         ),
         (
-            {"configVersion": "1.4", "training": {"kernels": "liger"}},
+            {"configVersion": "1.4", "task": "causal-lm", "training": {"kernels": "liger"}},
             "training.kernels",
             ["Triton GPU kernels", "no GPU", "nvidia.com/gpu"],
+        ),
+        (
+            {"configVersion": "1.4", "training": {"kernels": "liger"}},
+            "training.kernels",
+            ["language-model heads", "sequence-classification"],
         ),
     ],
     ids=[
@@ -358,6 +363,7 @@ def test_auto_switches_to_compile_once_the_workload_is_known(tmp_path: Path) -> 
         "qlora-on-cpu",
         "push-without-a-token",
         "liger-on-cpu",
+        "liger-on-classification",
     ],
 )
 def test_bad_config_exits_78_naming_the_field(tmp_path: Path, override: dict, field: str, words: list[str]) -> None:
