@@ -167,16 +167,16 @@ def explain_kernels(
 ) -> tuple[str, str]:
     """``training.kernels`` settled: 'liger' or 'none', and why (for the log and result.json).
 
-    'liger' is Triton GPU kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) patched into the model: refused
-    without a GPU and for a model type Liger does not patch. 'auto' picks it only where the hardware's row of the
+    'liger' is Triton GPU kernels (RMSNorm, RoPE, SwiGLU; fused linear cross-entropy where the trainer's loss allows)
+    patched into a causal LM: refused for other tasks, without a GPU, without the package and for a model type Liger
+    does not patch. 'auto' picks it only where the hardware's row of the
     auto table says a measurement showed it faster (no built-in row does yet: docs/benchmarks.md)."""
     if requested == "none":
         return "none", "requested none"
     if task not in LIGER_TASKS:
-        if requested == "auto":
-            return "none", f"auto: Liger's kernels are for language-model heads, not {task}; the model's own"
-        raise ConfigError(
-            "training.kernels",
+        return _unavailable(
+            requested,
+            f"Liger's kernels are for language-model heads, not {task}",
             f"Liger's kernels are for language-model heads (task causal-lm or dpo), not {task}; set "
             "spec.training.kernels to auto or none",
         )
@@ -192,22 +192,27 @@ def explain_kernels(
     try:
         types = supported if supported is not None else liger_model_types()
     except ImportError as e:
-        if requested == "auto":
-            return "none", f"auto: Liger is not installed in this image ({e}); the model's own"
-        raise ConfigError(
-            "training.kernels",
+        return _unavailable(
+            requested,
+            f"Liger is not installed in this image ({e})",
             f"Liger is not installed in this image ({e}): use the default trainer image, or set "
             "spec.training.kernels to auto or none",
-        ) from None
+        )
     if model_type not in types:
-        if requested == "auto":
-            return "none", f"auto: Liger has no kernels for model type {model_type!r}; the model's own"
-        raise ConfigError(
-            "training.kernels",
+        return _unavailable(
+            requested,
+            f"Liger has no kernels for model type {model_type!r}",
             f"Liger has no kernels for model type {model_type!r} (it patches: {', '.join(sorted(types))}); set "
             "spec.training.kernels to none or auto",
         )
     return "liger", "requested liger" if requested == "liger" else f"auto: the {hardware} row measured Liger faster"
+
+
+def _unavailable(requested: str, auto_why: str, refusal: str) -> tuple[str, str]:
+    """Liger cannot run here: ``auto`` keeps the model's own kernels and says why; ``liger`` is a config error."""
+    if requested == "auto":
+        return "none", f"auto: {auto_why}; the model's own"
+    raise ConfigError("training.kernels", refusal)
 
 
 def fused_adamw_supported(device_type: str) -> bool:
