@@ -495,15 +495,13 @@ def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
 
 def _preference(dataset: Dataset, training: Training, errors: _Errors) -> tuple[Dataset, Training]:
     """Task dpo: prompt, chosen and rejected columns (named prompt, chosen, rejected unless set), the DPO settings'
-    defaults; chat or completion columns and packing are another task's."""
+    defaults; chat or completion columns are another task's (and packing, refused for every task but causal-lm)."""
     for key, value in (("messagesField", dataset.messages_field), ("completionField", dataset.completion_field)):
         if value:
             errors.add(
                 f"spec.dataset.{key}",
                 "task dpo reads preference pairs (spec.dataset.promptField, chosenField, rejectedField); remove it",
             )
-    if training.packing:
-        errors.add("spec.training.packing", "packing is not supported with task dpo (TRL pads each pair)")
     dataset = replace(
         dataset,
         prompt_field=dataset.prompt_field or "prompt",

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from finetune_trainer.config import Config
+from finetune_trainer.config import Config, model_head
 from finetune_trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,9 @@ def apply_lora(config: Config, model: Any) -> Any:
         model = peft.prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=config.training.activation_checkpointing
         )
-    task_type = {
-        "sequence-classification": peft.TaskType.SEQ_CLS,
-        "causal-lm": peft.TaskType.CAUSAL_LM,
-        "dpo": peft.TaskType.CAUSAL_LM,
-    }[config.task]
+    task_type = {"sequence-classification": peft.TaskType.SEQ_CLS, "causal-lm": peft.TaskType.CAUSAL_LM}[
+        model_head(config.task)
+    ]
     peft_config = peft.LoraConfig(
         task_type=task_type,
         r=lora.r,
@@ -102,8 +100,7 @@ def merge_from_disk(config: Config, adapter_dir: str, torch_dtype: Any) -> Any:
     auto = {
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "causal-lm": transformers.AutoModelForCausalLM,
-        "dpo": transformers.AutoModelForCausalLM,
-    }[config.task]
+    }[model_head(config.task)]
     base = auto.from_pretrained(
         m.source,
         revision=m.revision,

@@ -24,8 +24,6 @@ DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
 
 Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo"]
 SUPPORTED_TASKS = ("sequence-classification", "causal-lm", "dpo")
-# TRL's DPO loss types offered as spec.training.dpo.lossType (DPOConfig.loss_type)
-DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
 Acceleration = Literal["auto", "ort", "compile", "none"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 FORMAT_BY_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -278,6 +276,11 @@ def validate_schema(raw: dict[str, Any]) -> None:
         raise ConfigError(where, err.message)
 
 
+def model_head(task: str) -> str:
+    """The head a task trains, which decides the model class and the adapter's task type: dpo tunes a causal LM."""
+    return "causal-lm" if task == "dpo" else task
+
+
 def _check_preference_fields(d: dict[str, Any]) -> None:
     """Task dpo reads one prompt, one chosen and one rejected column; chat and completion columns are not its."""
     for key in ("messagesField", "completionField"):
@@ -364,7 +367,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
         )
 
     t = raw["training"]
-    ev = t.get("evaluation") or {}
+    ev, dpo = t.get("evaluation") or {}, t.get("dpo") or {}
     lora_raw = t.get("lora")
     lora = None
     if lora_raw:
@@ -396,18 +399,14 @@ def parse_config(raw: dict[str, Any]) -> Config:
         sharding=t.get("sharding") or "none",
         activation_checkpointing=bool(t.get("activationCheckpointing") or False),
         kernels=t.get("kernels") or "auto",
-        dpo=DpoConfig(
-            beta=(t.get("dpo") or {}).get("beta", 0.1), loss_type=(t.get("dpo") or {}).get("lossType", "sigmoid")
-        ),
+        dpo=DpoConfig(beta=dpo.get("beta", 0.1), loss_type=dpo.get("lossType", "sigmoid")),
     )
     if training.kernels == "liger" and raw.get("acceleration") == "ort":
         raise ConfigError(
             "training.kernels", "Liger's kernels run on the default trainer image, not with acceleration ort"
         )
-    if t.get("dpo") and task != "dpo":
+    if dpo and task != "dpo":
         raise ConfigError("training.dpo", f"DPO settings are for task dpo, not {task!r}")
-    if task == "dpo" and training.packing:
-        raise ConfigError("training.packing", "packing is not supported with task dpo (TRL pads each pair)")
     if task == "dpo" and raw.get("acceleration") == "ort":
         raise ConfigError("acceleration", "task dpo runs on the default trainer image; acceleration ort cannot run it")
     if training.packing and task != "causal-lm":

@@ -45,15 +45,19 @@ def local_columns(ds: DatasetConfig, split: str) -> list[str]:
         raise ConfigError("dataset.path", f"cannot read {path!r} as {fmt}: {e}") from None
 
 
+# A pair's columns: the spec's field, the DatasetConfig attribute naming the column, TRL's name for it
+PREFERENCE = (
+    ("promptField", "prompt_field", "prompt"),
+    ("chosenField", "chosen_field", "chosen"),
+    ("rejectedField", "rejected_field", "rejected"),
+)
+
+
 def check_columns(config: Config, columns: list[str]) -> None:
     """Every configured field must be a column; the message names the field and the columns that exist."""
     ds = config.dataset
     if config.task == "dpo":
-        wanted = [
-            ("promptField", ds.prompt_field),
-            ("chosenField", ds.chosen_field),
-            ("rejectedField", ds.rejected_field),
-        ]
+        wanted = [(key, getattr(ds, attr)) for key, attr, _ in PREFERENCE]
     elif ds.sft_format == "chat":
         wanted = [("messagesField", ds.messages_field)]
     elif ds.sft_format == "prompt-completion":
@@ -201,13 +205,10 @@ def check_sft_rows(config: Config, dataset: Any, tokenizer: Any, split: str) -> 
     return total / max(1, len(dataset))
 
 
-PREFERENCE = (("promptField", "prompt"), ("chosenField", "chosen"), ("rejectedField", "rejected"))
-
-
 def preference_dataset(config: Config, dataset: Any) -> Any:
     """The split with only the columns TRL's DPOTrainer reads, renamed to its names: prompt, chosen, rejected."""
     ds = config.dataset
-    pairs = [(getattr(ds, key[: -len("Field")] + "_field"), name) for key, name in PREFERENCE]
+    pairs = [(getattr(ds, attr), name) for _, attr, name in PREFERENCE]
     keep = dataset.select_columns([s for s, _ in pairs])
     renames = {s: t for s, t in pairs if s != t}
     return keep.rename_columns(renames) if renames else keep
@@ -223,8 +224,8 @@ def check_preference_rows(config: Config, dataset: Any, tokenizer: Any, split: s
     for i, row in enumerate(dataset):
         where = f"row {i} of split {split!r}"
         kinds = {}
-        for key, name in PREFERENCE:
-            value, column = row.get(name), getattr(ds, key[: -len("Field")] + "_field")
+        for key, attr, name in PREFERENCE:
+            value, column = row.get(name), getattr(ds, attr)
             if isinstance(value, str):
                 if not value.strip():
                     raise ConfigError(f"dataset.{key}", f"{where}: column {column!r} is empty")

@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnose, evaluation, resumption, sharding
 from finetune_trainer.callbacks import CheckpointCallback, StopFlag
-from finetune_trainer.config import Config, load_config
+from finetune_trainer.config import Config, load_config, model_head
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
 from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics, peak_flops
 
@@ -73,8 +73,7 @@ def _auto_classes(task: str) -> Any:
     return {
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "causal-lm": transformers.AutoModelForCausalLM,
-        "dpo": transformers.AutoModelForCausalLM,
-    }[task]
+    }[model_head(task)]
 
 
 def build_training_args(
@@ -593,7 +592,9 @@ def build_trainer(
         trainer_cls = DPOTrainer
         extra["ref_model"] = reference_model(config, setup, tokenizer, ident)
     trainer_cls = compat.eval_without_collator_wrapper(compat.cpu_resumable(trainer_cls))
-    classify = config.task == "sequence-classification" and ds.eval is not None
+    if config.task == "sequence-classification" and ds.eval is not None:  # the other tasks' defaults are None
+        extra["compute_metrics"] = evaluation.classification_metrics
+        extra["preprocess_logits_for_metrics"] = evaluation.argmax_logits
     trainer = trainer_cls(
         model=m.model,
         args=args,
@@ -601,13 +602,9 @@ def build_trainer(
         eval_dataset=ds.eval,
         data_collator=None if own_collator else counter,
         callbacks=[metrics_cb, ckpt_cb],
-        **({} if ds.preference is not None else {
-            "compute_metrics": evaluation.classification_metrics if classify else None,
-            "preprocess_logits_for_metrics": evaluation.argmax_logits if classify else None,
-        }),
         **extra,
         **compat.tokenizer_kwarg(trainer_cls, tokenizer),
-    )  # fmt: skip
+    )
     if own_collator:
         counter.collator, trainer.data_collator = trainer.data_collator, counter
     return Built(trainer, metrics_cb)
