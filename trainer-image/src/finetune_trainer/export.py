@@ -106,7 +106,7 @@ def push_to_hub(push: HubPush, folder: str, *, message: str) -> dict[str, Any]:
 
     def run() -> dict[str, Any]:
         repo = api.create_repo(push.repo, private=push.private, exist_ok=True, repo_type="model")
-        names = files_under(folder)
+        names = files_under(folder)  # exactly these; an empty allow-list would mean "everything", so "-" then
         info = api.upload_folder(
             repo_id=push.repo, folder_path=folder, commit_message=message, allow_patterns=names or ["-"]
         )

@@ -59,10 +59,8 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
 
     kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda_available))
     accel.check_available(kind, nproc_per_node=run.nproc_per_node, cuda_available=cuda_available)
-    if config.training.kernels == "liger" and not cuda_available:  # before torchrun: the model type waits for it
-        accel.explain_kernels(
-            "liger", accel.hardware_class(cuda_available), None, task=config.task, supported=frozenset()
-        )
+    if config.training.kernels == "liger" and not cuda_available:  # refused before torchrun (the model type waits)
+        accel.explain_kernels("liger", "cpu", None, task=config.task)
     if data.uses_sft(config):
         field = (
             "training.packing"
