@@ -74,12 +74,12 @@ test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, r
 lint: ## ruff (lint and format check) over the whole tree, mypy --strict on the operator and the trainer's deciding modules (the unit tier runs them too)
 	@bash .ci/venv.sh --dev >/dev/null && $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
-generate: ## regenerate docs/reference.md (from the CRD), the Grafana dashboard, the operator's copy of the config contract, both stacks' TrainingArguments and the chart's README
-	@$(PY) -m hack.helmtools.crd_reference && $(PY) -m hack.helmtools.dashboard && $(PY) -m hack.contract && \
+generate: ## regenerate the runtime CRDs and docs/reference.md (from the FineTuneJob CRD), the Grafana dashboard, the operator's copy of the config contract, both stacks' TrainingArguments and the chart's README
+	@$(PY) -m hack.runtime_crd && $(PY) -m hack.helmtools.crd_reference && $(PY) -m hack.helmtools.dashboard && $(PY) -m hack.contract && \
 		$(PY) -m hack.training_args && $(PY) -m hack.helmtools.chart_readme
 
 verify: ## fail when generated files drift from their sources
-	@$(PY) -m hack.helmtools.crd_reference --check && $(PY) -m hack.helmtools.dashboard --check && \
+	@$(PY) -m hack.runtime_crd --check && $(PY) -m hack.helmtools.crd_reference --check && $(PY) -m hack.helmtools.dashboard --check && \
 		$(PY) -m hack.contract --check && $(PY) -m hack.training_args --check && $(PY) -m hack.helmtools.chart_readme --check
 
 test-faults: setup ## fault injection: operator SIGKILLs at random moments, invariants checked, figures printed

@@ -11,8 +11,9 @@ from typing import Any
 from finetune_operator.builders import output_claim_name
 from finetune_operator.guardrails import Violation
 from finetune_operator.kueue import WorkloadState
+from finetune_operator.runtimes import Choice, spec_of
 from finetune_operator.settings import Settings
-from finetune_operator.spec import JobSpec, SpecError, parse_spec
+from finetune_operator.spec import JobSpec, SpecError
 
 # States in which a job holds (or is about to hold again) its pods' resources.
 HOLDING = ("Created", "Running", "Restarting")
@@ -36,6 +37,7 @@ class Observed:
     usage: Usage | None = None  # None: no namespace limit configured, nothing was read
     lost_nodes: dict[str, str] = field(default_factory=dict)  # node → why its pods may be force-deleted
     queue: WorkloadState | None = None  # Kueue's word on the attempt's Workload, read while its pods are gated
+    runtime: Choice | None = None  # the job's runtime, read before an attempt starts (None: not read, no runtime)
 
 
 def claims_to_check(job: str, spec: JobSpec) -> list[tuple[str, str]]:
@@ -81,7 +83,7 @@ def check_claims(job: str, spec: JobSpec, claims: dict[str, dict[str, Any]]) -> 
 
 def _gpus_nodes(job: dict[str, Any]) -> tuple[int, int] | None:
     try:
-        spec = parse_spec(job.get("spec") or {})
+        spec = spec_of(job)
     except (SpecError, KeyError, TypeError, ValueError):
         return None
     return spec.nodes, spec.nodes * spec.gpus_per_node

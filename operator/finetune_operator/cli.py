@@ -179,6 +179,7 @@ def add_user_parsers(sub: Any) -> None:
     p.add_argument("--offline", action="store_true", help="the typed spec only (no cluster needed)")
     p = sub.add_parser("status", parents=[common], help="state, reason, progress, pods, conditions and events")
     p.add_argument("name")
+    sub.add_parser("runtimes", parents=[common], help="the runtimes a job of the namespace may name (spec.runtimeRef)")
     p = sub.add_parser("list", parents=[common], help="the FineTuneJobs of the namespace")
     p.add_argument("-A", "--all-namespaces", action="store_true")
     p = sub.add_parser("logs", parents=[common], help="a rank's trainer log (default rank 0, current attempt)")
@@ -228,7 +229,19 @@ def add_user_parsers(sub: Any) -> None:
     p.add_argument("--open", action="store_true", help="open the page in the default browser")
 
 
-USER_COMMANDS = ("submit", "validate", "status", "list", "logs", "wait", "suspend", "resume", "delete", "ui")
+USER_COMMANDS = (
+    "submit",
+    "validate",
+    "status",
+    "runtimes",
+    "list",
+    "logs",
+    "wait",
+    "suspend",
+    "resume",
+    "delete",
+    "ui",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,10 +28,11 @@ from typing import Any
 
 import yaml
 
+from finetune_operator import guardrails, runtimes
 from finetune_operator.builders import JobRef, output_claim_name, output_path
 from finetune_operator.history import series
 from finetune_operator.k8s import ApiError, Kube, Rejected
-from finetune_operator.settings import GROUP, LABEL_ATTEMPT, LABEL_RANK, OUTPUT_MOUNT, VERSION
+from finetune_operator.settings import GROUP, LABEL_ATTEMPT, LABEL_RANK, OUTPUT_MOUNT, VERSION, Settings
 from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
 from finetune_operator.status import FAILED, SUCCEEDED, TERMINAL
 
@@ -167,7 +168,7 @@ def local_errors(job: dict[str, Any]) -> list[str]:
     except SpecError as e:
         errors.append(str(e))
     try:
-        parse_spec(job.get("spec") or {})
+        parse_spec(job.get("spec") or {}, complete=False)  # the runtime may give the output claim (_runtime_errors)
     except SpecError as e:
         errors.extend(e.lines())
     except (KeyError, TypeError, ValueError) as e:
@@ -360,14 +361,64 @@ class FineTuneClient:
 
     def _errors(self, job: dict[str, Any], *, offline: bool) -> list[str]:
         errors = local_errors(job)
-        return errors if offline else merged_errors(errors, self.server_errors(job))
+        if offline:
+            return errors
+        return merged_errors(errors, self.server_errors(job)) or self._runtime_errors(job)
+
+    def effective(self, job: dict[str, Any]) -> runtimes.Effective | None:
+        """What the job would run with if an attempt started now: its runtime (read with the user's RBAC) merged in
+        (finetune_operator.runtimes). None when the user may not read the runtimes. The operator's own settings (Helm
+        values) are not the user's to read: the values they decide are shown as the operator's. Raises
+        :class:`SpecError` when the merged spec cannot run, or the runtime does not exist."""
+        ref = parse_spec(job.get("spec") or {}, complete=False).runtime_ref
+        try:
+            choice = self.kube.runtime_choice(job["metadata"]["namespace"], ref)
+        except ApiError as e:
+            if e.code == 403:
+                return None
+            raise
+        return runtimes.resolve(job.get("spec") or {}, choice, Settings())
+
+    def _runtime_errors(self, job: dict[str, Any]) -> list[str]:
+        """The runtime's share of the checks the operator makes when an attempt starts: the merged spec, and the
+        runtime's guardrails (the operator's own are checked there)."""
+        try:
+            eff = self.effective(job)
+        except SpecError as e:
+            return e.lines()
+        if eff is None or eff.guardrails is None or eff.runtime is None:
+            return []
+        meta = job["metadata"]
+        violation = guardrails.check(
+            JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
+            eff.spec,
+            eff.guardrails,
+            own=parse_spec(job.get("spec") or {}, complete=False),
+            origin=f"{eff.runtime.label}: spec.guardrails.{{}}",
+            image_source=eff.values[0].source.replace("runtime:", f"{eff.runtime.label}:"),
+        )
+        return [violation.message] if violation else []
 
     def validate(self, source: str | Path | dict[str, Any], *, offline: bool = False) -> JobSpec:
-        """The typed spec the operator will run (defaults filled in); raises :class:`InvalidManifest`."""
+        """The typed spec the operator will run (defaults filled in, and online its runtime's template); raises
+        :class:`InvalidManifest`."""
         where, job = self.load(source)
         if errors := self._errors(job, offline=offline):
             raise InvalidManifest(where, errors)
-        return parse_spec(job["spec"])
+        eff = None if offline else self.effective(job)
+        return eff.spec if eff is not None else parse_spec(job["spec"], complete=False)
+
+    def runtimes(self) -> list[runtimes.Runtime]:
+        """The runtimes a job of this namespace may name: the namespace's FineTuneRuntimes, then the cluster's
+        ClusterFineTuneRuntimes (those the user may read)."""
+        found: list[runtimes.Runtime] = []
+        for kind, ns in ((runtimes.NAMESPACED_KIND, self.namespace), (runtimes.CLUSTER_KIND, None)):
+            try:
+                found += [runtimes.read_runtime(o) for o in self.kube.list_runtimes(runtimes.PLURALS[kind], ns)]
+            except ApiError as e:
+                if e.code != 403:
+                    raise
+        return found
 
     def submit(self, source: str | Path | dict[str, Any], *, force_conflicts: bool = False) -> Submitted:
         """Check the manifest (as :meth:`validate`), then apply it (server-side apply, field manager ``finetune``)."""
@@ -681,7 +732,7 @@ def no_pod(job: dict[str, Any], attempt: int, ranks: list[int], current: int) ->
     which = ", ".join(str(r) for r in ranks)
     if attempt < current:
         try:
-            spec = parse_spec(job.get("spec") or {})
+            spec = parse_spec(job.get("spec") or {}, complete=False)
         except (SpecError, KeyError, TypeError, ValueError):
             return f"{name}: no pod of attempt {attempt} for rank {which}: a gang restart replaces an attempt's pods"
         ref = JobRef(name=name, namespace=job["metadata"]["namespace"], uid=job["metadata"].get("uid", ""))

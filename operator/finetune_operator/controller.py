@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from finetune_operator import admission, failpoints, kueue
+from finetune_operator import admission, failpoints, kueue, runtimes
 from finetune_operator.admission import Observed
 from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, ApiError, Conflict, Kube, Rejected
 from finetune_operator.kueue import WorkloadState
@@ -27,6 +27,7 @@ from finetune_operator.metrics import OperatorMetrics
 from finetune_operator.reconcile import Plan, create_rejected, decide, name_taken, namesake_in_the_way
 from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
+from finetune_operator.spec import SpecError
 from finetune_operator.state import Job, PodState, node_lost, read_job, read_pods
 from finetune_operator.status import PENDING, RUNNING, STATES, TERMINAL, Progress
 from finetune_operator.store import Store
@@ -210,8 +211,13 @@ class Controller:
         """Reads for the checks before an attempt starts: the claims the job mounts, the namespace's use."""
         if job.spec is None:
             return Observed()  # decide() reports the spec error
+        choice = self.kube.runtime_choice(job.ref.namespace, job.spec.runtime_ref)
+        try:
+            spec = runtimes.resolve(job.raw_spec, choice, self.settings).spec  # its claims: the runtime may name some
+        except SpecError:
+            spec = job.spec  # decide() reports it
         claims = {}
-        for _, claim in admission.claims_to_check(job.ref.name, job.spec):
+        for _, claim in admission.claims_to_check(job.ref.name, spec):
             pvc = self.kube.get_claim(job.ref.namespace, claim)
             if pvc is not None:
                 claims[claim] = pvc
@@ -226,7 +232,7 @@ class Controller:
                 else self.kube.list_jobs(job.ref.namespace)
             )
             held = admission.usage_of(jobs, exclude_uid=job.ref.uid)
-        return Observed(claims=claims, usage=held)
+        return Observed(claims=claims, usage=held, runtime=choice)
 
     def _pods(self, key: Key) -> list[PodState]:
         """The job's pods from the store when it can be trusted for them, else listed (and stored)."""

@@ -1,5 +1,6 @@
-"""Pure: the platform team's limits on what a tenant's FineTuneJob may ask for (operator settings, set
-through Helm values). A violation fails the job at once with a message naming the limit: no retry storm."""
+"""Pure: the platform team's limits on what a tenant's FineTuneJob may ask for: the operator's own (Helm values
+``guardrails.*``) and those of the job's runtime (``spec.guardrails``, finetune_operator.runtimes), each a layer a job
+must pass. A violation fails the job at once with a message naming the limit and where it is set: no retry storm."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from finetune_operator.spec import (
     check_output_path,
     paths_overlap,
 )
+
+# Where the operator's own guardrails are set; a runtime's: "<runtime>: spec.guardrails.{}".
+HELM = "Helm value guardrails.{}"
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,10 @@ def image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
 IMAGE_CODE_PATHS = ("/opt", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ld.so.preload", "/etc/ld.so.conf.d")
 
 
-def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
+def _pins_images(spec: JobSpec, origin: str) -> Violation | None:
     """With an image allowlist, the code that runs must be the image's: no env that loads code from elsewhere, no
     volume over the image's code."""
-    allowed = "the platform allows only its own trainer images (Helm value guardrails.allowedImagePrefixes)"
+    allowed = f"the platform allows only its own trainer images ({origin.format('allowedImagePrefixes')})"
     for i, e in enumerate(spec.env):
         if e.get("name") in CODE_LOADING_ENV:
             return Violation(
@@ -65,17 +69,14 @@ def _pins_images(spec: JobSpec, settings: Settings) -> Violation | None:
     return None
 
 
-def _outside(field: str, value: str | None, allowed: tuple[str, ...], helm: str, hint: str = "") -> Violation | None:
-    """``value`` left out by the platform's allowlist (Helm value ``guardrails.<helm>``; empty: any is allowed)."""
+def _outside(field: str, value: str | None, allowed: tuple[str, ...], where: str, hint: str = "") -> Violation | None:
+    """``value`` left out by the platform's allowlist (set at ``where``; empty: any is allowed)."""
     if not allowed or value is None or value in allowed:
         return None
-    return Violation(
-        "InvalidSpec",
-        f"{field}: {value} is not allowed; allowed: {', '.join(allowed)} (Helm value guardrails.{helm}){hint}",
-    )
+    return Violation("InvalidSpec", f"{field}: {value} is not allowed; allowed: {', '.join(allowed)} ({where}){hint}")
 
 
-def _toleration_refused(spec: JobSpec, settings: Settings) -> Violation | None:
+def _toleration_refused(spec: JobSpec, settings: Settings, where: str) -> Violation | None:
     """A toleration whose key is not allowed lets the job onto nodes tainted for someone else; one without a key
     (operator Exists) tolerates every taint. The platform's own ``trainer.tolerations`` are not the job's."""
     allowed = ", ".join(settings.allowed_toleration_keys)
@@ -85,13 +86,12 @@ def _toleration_refused(spec: JobSpec, settings: Settings) -> Violation | None:
             return Violation(
                 "InvalidSpec",
                 f"spec.podTemplate.tolerations[{i}]: a toleration without a key tolerates every taint; name one of "
-                f"the allowed keys: {allowed} (Helm value guardrails.allowedTolerationKeys)",
+                f"the allowed keys: {allowed} ({where})",
             )
         if key not in settings.allowed_toleration_keys:
             return Violation(
                 "InvalidSpec",
-                f"spec.podTemplate.tolerations[{i}].key: {key} is not allowed; allowed: {allowed} (Helm value "
-                "guardrails.allowedTolerationKeys)",
+                f"spec.podTemplate.tolerations[{i}].key: {key} is not allowed; allowed: {allowed} ({where})",
             )
     return None
 
@@ -126,36 +126,44 @@ def _always(ref: JobRef, spec: JobSpec) -> Violation | None:
     return None
 
 
-def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
+def check(
+    ref: JobRef,
+    spec: JobSpec,
+    settings: Settings,
+    *,
+    own: JobSpec | None = None,
+    origin: str = HELM,
+    image_source: str | None = None,
+) -> Violation | None:
     """Checked when an attempt is admitted (reconcile._start_attempt), so a change of these rules or of the platform's
-    values applies to the next attempt and never kills one that runs."""
+    values applies to the next attempt and never kills one that runs. ``spec`` is the effective spec (with the
+    runtime's template merged in); the allowlists of pod settings judge ``own``, the job's own spec (default:
+    ``spec``): what the platform's runtime sets is the platform's. ``origin`` names where this layer is set (a format
+    string taking the guardrail's name); ``image_source`` where the default image comes from."""
     if (always := _always(ref, spec)) is not None:
         return always
+    own = own or spec
     image = settings.trainer_image(acceleration=spec.acceleration, image=spec.image)
     if settings.allowed_image_prefixes and not image_allowed(image, settings.allowed_image_prefixes):
         allowed = (
-            f"allowed prefixes: {', '.join(settings.allowed_image_prefixes)} (Helm value "
-            "guardrails.allowedImagePrefixes)"
+            f"allowed prefixes: {', '.join(settings.allowed_image_prefixes)} ({origin.format('allowedImagePrefixes')})"
         )
         if spec.image:
             return Violation("InvalidSpec", f"spec.image: {image} is not allowed by the operator; {allowed}")
-        value = "trainer.ortImage" if spec.acceleration == "ort" else "trainer.image"
+        source = image_source or "Helm value " + ("trainer.ortImage" if spec.acceleration == "ort" else "trainer.image")
         return Violation(
             "InvalidSpec",
-            f"the operator's trainer image {image} for acceleration {spec.acceleration} "
-            f"(Helm value {value}) is outside its own allowlist; {allowed}: ask the platform team to "
-            "fix the chart's values, or set spec.image to an allowed image",
+            f"the platform's trainer image {image} for acceleration {spec.acceleration} "
+            f"({source}) is outside the allowlist; {allowed}: ask the platform team to "
+            "fix its images, or set spec.image to an allowed image",
         )
-    if settings.allowed_image_prefixes and (pinned := _pins_images(spec, settings)) is not None:
+    if settings.allowed_image_prefixes and (pinned := _pins_images(own, origin)) is not None:
         return pinned
-    pt, classes = spec.pod_template, settings.allowed_priority_classes
+    pt, classes, where = own.pod_template, settings.allowed_priority_classes, origin.format("allowedPriorityClasses")
     for refused in (
-        _outside("spec.podTemplate.priorityClassName", pt.priority_class_name, classes, "allowedPriorityClasses"),
+        _outside("spec.podTemplate.priorityClassName", pt.priority_class_name, classes, where),
         _outside(
-            f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']",
-            pt.labels.get(KUEUE_PRIORITY_LABEL),
-            classes,
-            "allowedPriorityClasses",
+            f"spec.podTemplate.labels['{KUEUE_PRIORITY_LABEL}']", pt.labels.get(KUEUE_PRIORITY_LABEL), classes, where
         ),
     ):
         if refused is not None:
@@ -163,23 +171,25 @@ def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
     if settings.require_queue_name and not spec.queue_name:
         return Violation(
             "InvalidSpec",
-            "spec.queueName: the platform admits jobs only through Kueue (Helm value "
-            "guardrails.requireQueueName); name a LocalQueue of the namespace (kubectl get localqueues)",
+            f"spec.queueName: the platform admits jobs only through Kueue ({origin.format('requireQueueName')}); "
+            "name a LocalQueue of the namespace (kubectl get localqueues)",
         )
     for refused in (
         _outside(
             "spec.podTemplate.serviceAccountName",
             pt.service_account_name,
             settings.allowed_service_accounts,
-            "allowedServiceAccounts",
+            origin.format("allowedServiceAccounts"),
             "; a ServiceAccount's token and cloud role would reach the job's code",
         ),
-        _toleration_refused(spec, settings) if settings.allowed_toleration_keys else None,
+        _toleration_refused(own, settings, origin.format("allowedTolerationKeys"))
+        if settings.allowed_toleration_keys
+        else None,
         _outside(
             "spec.podTemplate.schedulerName",
             pt.scheduler_name,
             settings.allowed_schedulers,
-            "allowedSchedulers",
+            origin.format("allowedSchedulers"),
             "; leave it out for the cluster's default scheduler",
         ),
     ):
@@ -189,20 +199,20 @@ def check(ref: JobRef, spec: JobSpec, settings: Settings) -> Violation | None:
         return Violation(
             "InvalidSpec",
             "spec.model.trustRemoteCode: the platform does not run code from model "
-            "repositories (Helm value guardrails.allowTrustRemoteCode is false); use a model whose "
+            f"repositories ({origin.format('allowTrustRemoteCode')} is false); use a model whose "
             "architecture transformers ships",
         )
     if settings.max_nodes_per_job and spec.nodes > settings.max_nodes_per_job:
         return Violation(
             "QuotaExceeded",
             f"spec.nodes={spec.nodes} exceeds the limit of {settings.max_nodes_per_job} "
-            "nodes per job (Helm value guardrails.maxNodesPerJob)",
+            f"nodes per job ({origin.format('maxNodesPerJob')})",
         )
     gpus = spec.gpus_per_node * spec.nodes
     if settings.max_gpus_per_job and gpus > settings.max_gpus_per_job:
         return Violation(
             "QuotaExceeded",
             f"the job asks for {gpus} GPUs ({spec.nodes} nodes x {spec.gpus_per_node}), "
-            f"over the limit of {settings.max_gpus_per_job} per job (Helm value guardrails.maxGpusPerJob)",
+            f"over the limit of {settings.max_gpus_per_job} per job ({origin.format('maxGpusPerJob')})",
         )
     return None

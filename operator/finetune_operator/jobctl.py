@@ -55,6 +55,25 @@ def cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
         return _print_errors(ctx, InvalidManifest(args.file, errors))
     meta = job["metadata"]
     ctx.out.print(f"{args.file}: FineTuneJob {meta['namespace']}/{meta['name']} is valid ({where})", highlight=False)
+    eff = None if args.offline else ctx.client.effective(job)
+    if eff is not None:
+        record = {**(eff.runtime.snapshot() if eff.runtime else {}), "chosenBy": eff.how}
+        ctx.out.print(f"Runtime: {render.runtime_line(record)}", highlight=False)
+        values = [v.to_wire() for v in eff.values]
+        ctx.out.print(render.effective_table(values, title="Effective values", operator_known=False), highlight=False)
+    return EXIT_OK
+
+
+def cmd_runtimes(ctx: Context, args: argparse.Namespace) -> int:
+    found = ctx.client.runtimes()
+    if not found:
+        ctx.err.print(
+            f"No runtimes a job of namespace {ctx.client.namespace} may name: jobs run with the operator's own "
+            "settings.",
+            highlight=False,
+        )
+        return EXIT_OK
+    ctx.out.print(render.runtimes_table(found), highlight=False)
     return EXIT_OK
 
 
@@ -175,6 +194,7 @@ COMMANDS: dict[str, Callable[[Context, argparse.Namespace], int]] = {
     "submit": cmd_submit,
     "validate": cmd_validate,
     "status": cmd_status,
+    "runtimes": cmd_runtimes,
     "list": cmd_list,
     "logs": cmd_logs,
     "wait": cmd_wait,

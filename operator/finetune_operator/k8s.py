@@ -24,8 +24,10 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from finetune_operator import runtimes
 from finetune_operator.kueue import WORKLOAD_GROUP, WORKLOAD_PLURAL, WORKLOAD_VERSION
 from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
+from finetune_operator.spec import RuntimeRef
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +285,29 @@ class Kube:
     def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Kueue Workload, or None when it does not exist (or Kueue's CRDs are not installed)."""
         return self._read(_group(WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, namespace, name))
+
+    def get_runtime(self, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """A runtime (``finetuneruntimes`` in ``namespace``, or ``clusterfinetuneruntimes``), None when absent."""
+        return self._read(_group(GROUP, VERSION, plural, namespace, name))
+
+    def list_runtimes(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The runtimes of one kind; none when their CRD is not installed (404)."""
+        body = self._read(_group(GROUP, VERSION, plural, namespace), verb="list") or {}
+        return list(body.get("items", []))
+
+    def runtime_choice(self, namespace: str, ref: RuntimeRef | None) -> runtimes.Choice:
+        """The runtime a job of ``namespace`` runs with: the one ``ref`` names, else the namespace's or the cluster's
+        default (runtimes.choose). The operator reads it when an attempt starts; ``finetune validate`` before."""
+        if ref is not None:
+            plural = runtimes.PLURALS[ref.kind]
+            ns = namespace if ref.kind == runtimes.NAMESPACED_KIND else None
+            return runtimes.choose(ref, namespace, named=self.get_runtime(plural, ns, ref.name))
+        return runtimes.choose(
+            None,
+            namespace,
+            namespaced=self.list_runtimes(runtimes.PLURALS[runtimes.NAMESPACED_KIND], namespace),
+            cluster=self.list_runtimes(runtimes.PLURALS[runtimes.CLUSTER_KIND]),
+        )
 
     # -- writes --------------------------------------------------------------------------------------
 

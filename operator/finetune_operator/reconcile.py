@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from finetune_operator import admission, guardrails, history
+from finetune_operator import admission, guardrails, history, runtimes
 from finetune_operator.admission import Observed
 from finetune_operator.builders import (
     build_config_map,
@@ -33,7 +33,7 @@ from finetune_operator.failures import Failure
 from finetune_operator.kueue import WorkloadState, group_name, read_workload
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
 from finetune_operator.settings import Settings
-from finetune_operator.spec import JobSpec
+from finetune_operator.spec import JobSpec, SpecError, parse_spec
 from finetune_operator.state import Gang, Job, PodState
 from finetune_operator.status import (
     CREATED,
@@ -267,12 +267,19 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     if gang.foreign:  # a deleted namesake's pods still hold the names (checkpointing on SIGTERM, say)
         _wait_for_namesake(p, f"pod {gang.foreign[0].name}")
         return
-    # The platform's guardrails are checked when an attempt is admitted: a Helm change to them (or an operator
-    # upgrade with new rules) applies to the next attempt, never kills one that runs.
-    violation = guardrails.check(p.job.ref, spec, p.settings)
+    # The runtime is read, and the platform's guardrails are checked, when an attempt is admitted: a change to them
+    # (or an operator upgrade with new rules) applies to the next attempt, never to one that runs.
+    choice = observed.runtime or runtimes.Choice(None, "none")
+    try:
+        eff = runtimes.resolve(p.job.raw_spec, choice, p.settings)
+    except SpecError as e:
+        _refuse(p, gang.mine, reason="RuntimeNotFound" if choice.error else "InvalidSpec", message=str(e))
+        return
+    violation = _guardrails(p, eff)
     if violation is not None:
         _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
         return
+    spec, settings = eff.spec, eff.settings
     claims = admission.check_claims(p.job.ref.name, spec, observed.claims)
     if claims is not None:
         _refuse(p, gang.mine, reason=claims.reason, message=claims.message)
@@ -287,17 +294,18 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     ref, present = p.job.ref, gang.ranks
     missing = [
         pod
-        for rank, pod in enumerate(build_pods(ref, spec, attempt=st.attempt, settings=p.settings))
+        for rank, pod in enumerate(build_pods(ref, spec, attempt=st.attempt, settings=settings))
         if rank not in present
     ]  # build_pods is in rank order; creation tolerates "already exists"
     extra = [
         o
-        for o in (build_output_claim(ref, spec), build_pdb(ref, spec), build_network_policy(ref, spec, p.settings))
+        for o in (build_output_claim(ref, spec), build_pdb(ref, spec), build_network_policy(ref, spec, settings))
         if o is not None
     ]
     p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
     st.attempt_start_time = now
     st.admission_retry_time = None
+    st.runtime = runtimes.record(eff, st.attempt)
     if p.was == SUSPENDED or st.start_time is None:
         st.start_time = now  # as a Kubernetes Job: the deadline restarts when resumed
     if st.restart_requested_time is not None:
@@ -308,12 +316,25 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     )
     st.set_condition("Suspended", False, "Resumed", "spec.suspend is false", now=now)
     st.state = CREATED  # Restarting stays True until every rank of the new attempt runs
+    runtime = f", runtime {eff.runtime.label} ({eff.how})" if eff.runtime else ""
     p.event(
         "Normal",
         "PodsCreated",
         f"attempt {st.attempt}: created {spec.nodes} trainer pod(s) "
-        f"({spec.nodes} node(s) x {spec.procs_per_node} process(es))",
+        f"({spec.nodes} node(s) x {spec.procs_per_node} process(es)){runtime}",
     )
+
+
+def _guardrails(p: _Pass, eff: runtimes.Effective) -> guardrails.Violation | None:
+    """The operator's guardrails, then the runtime's: a job must pass both layers. Their allowlists judge what the job
+    itself asks for; what its runtime adds is the platform's own."""
+    own = parse_spec(p.job.raw_spec, complete=False)  # parsed before (state.read_job), so it parses
+    image_source = eff.values[0].source.replace("runtime:", f"{eff.runtime.label}:") if eff.runtime else None
+    found = guardrails.check(p.job.ref, eff.spec, eff.settings, own=own, image_source=image_source)
+    if found is None and eff.guardrails is not None and eff.runtime is not None:
+        origin = f"{eff.runtime.label}: spec.guardrails.{{}}"
+        found = guardrails.check(p.job.ref, eff.spec, eff.guardrails, own=own, origin=origin, image_source=image_source)
+    return found
 
 
 def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | None, queue: WorkloadState | None) -> None:

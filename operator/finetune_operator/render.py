@@ -154,6 +154,8 @@ def status_block(
         head.add_row("Checkpoint", f"step {prog['lastCheckpointStep']}")
     if prog.get("stepsLostToRestarts"):
         head.add_row("Lost", f"{prog['stepsLostToRestarts']} step(s) to restarts")
+    if line := runtime_line(st.get("runtime")):
+        head.add_row("Runtime", f"{line} (attempt {st['runtime'].get('attempt', 0)})")
     if f := st.get("failure"):
         where = f" on node {f['rank']}" if f.get("rank") is not None else ""
         where += f" in attempt {f['attempt']}" if f.get("attempt") is not None else ""
@@ -161,6 +163,8 @@ def status_block(
         if f.get("podName"):
             head.add_row("", f"its log: finetune logs {meta['name']} --rank {f.get('rank', 0)} (pod {f['podName']})")
     parts: list[RenderableType] = [head]
+    if (st.get("runtime") or {}).get("values"):
+        parts.append(effective_table(st["runtime"]["values"], title="Effective values (current attempt)"))
     if pods:
         t = Table(title="Pods", title_justify="left", box=None, pad_edge=False)
         for col in ("POD", "RANK", "ATTEMPT", "PHASE", "NODE", "AGE"):
@@ -231,3 +235,45 @@ def final_line(job: dict[str, Any]) -> str:
     name = job["metadata"]["name"]
     extra = f" ({progress_line(st.get('progress'))})" if st.get("progress") else ""
     return f"{name}: {st.get('state')} — {why}: {message}{extra}"
+
+
+def effective_table(values: list[dict[str, str]], *, title: str, operator_known: bool = True) -> Table:
+    """Each effective value with where it came from (runtimes.Value's wire form). ``operator_known=False``: the
+    operator's own settings are not known here (``finetune validate`` runs with the user's RBAC), only named."""
+    t = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for col in ("FIELD", "VALUE", "SOURCE"):
+        t.add_column(col, overflow="fold")
+    for v in values:
+        value = v.get("value", "")
+        if not operator_known and v.get("source", "").startswith("Helm value"):
+            value = "(the operator's)"
+        t.add_row(v.get("field", ""), value, v.get("source", ""))
+    return t
+
+
+def runtime_line(record: dict[str, Any] | None) -> str:
+    """``status.runtime`` (or a validate's choice) in one line."""
+    if not record:
+        return ""
+    if not record.get("name"):
+        return "none: the operator's own settings"
+    return f"{record.get('kind')} {record['name']} (generation {record.get('generation')}), {record.get('chosenBy')}"
+
+
+def runtimes_table(found: list[Any]) -> Table:
+    """``finetune runtimes``: a row per runtime (runtimes.Runtime) a job of the namespace may name."""
+    t = Table(box=None, pad_edge=False)
+    for col in ("KIND", "NAME", "DEFAULT", "IMAGE", "QUEUE", "GPUS", "DESCRIPTION"):
+        t.add_column(col, overflow="fold")
+    for r in found:
+        limits = (r.template.get("resources") or {}).get("limits") or {}
+        t.add_row(
+            r.kind,
+            r.name,
+            "yes" if r.default else "",
+            r.images.get("default", "(the operator's)"),
+            str(r.template.get("queueName") or ""),
+            str(limits.get("nvidia.com/gpu", "")),
+            r.description,
+        )
+    return t

@@ -100,7 +100,7 @@ def local_plan(
     meta = manifest.get("metadata") or {}
     name = str(meta.get("name", ""))
     check_name(name)
-    spec = parse_spec(manifest.get("spec") or {})
+    spec = parse_spec(manifest.get("spec") or {}, complete=False)  # run-local writes under its own directory
     ref = JobRef(name=name, namespace=str(meta.get("namespace") or "default"), uid="local")
     annotated = [
         m.strip() for m in str((meta.get("annotations") or {}).get(MOUNTS_ANNOTATION, "")).split(",") if m.strip()

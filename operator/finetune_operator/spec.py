@@ -283,6 +283,14 @@ class Cache:
 
 
 @dataclass(frozen=True)
+class RuntimeRef:
+    """spec.runtimeRef: the runtime (finetune_operator.runtimes) whose defaults and guardrails the job runs with."""
+
+    name: str
+    kind: str = "ClusterFineTuneRuntime"  # or FineTuneRuntime, in the job's namespace
+
+
+@dataclass(frozen=True)
 class Network:
     host_network: bool = False  # needs a namespace that enforces the privileged Pod Security level
     rdma: bool = False  # adds the IPC_LOCK capability (pinned memory); RDMA devices come from spec.resources
@@ -341,6 +349,7 @@ class JobSpec:
     cache: Cache | None = None
     network: Network = field(default_factory=Network)
     pod_disruption_budget: bool = False
+    runtime_ref: RuntimeRef | None = None
 
     @property
     def world_size(self) -> int:
@@ -422,7 +431,7 @@ def _gpus(resources: dict[str, dict[str, Any]]) -> tuple[int, bool]:
 ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
 
 
-def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
+def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors, *, complete: bool) -> Output:
     path = out.get("path")
     if path is not None and any(seg in ("", ".", "..") for seg in str(path).split("/")):
         errors.add(
@@ -431,11 +440,17 @@ def _parse_output(out: dict[str, Any], nodes: int, errors: _Errors) -> Output:
             "(it may not leave the claim or reach another job's directory)",
         )
     claim, template = out.get("claimName"), out.get("volumeClaimTemplate")
-    if (claim is None) == (template is None):
+    if claim is not None and template is not None:
         errors.add(
             "spec.output",
-            "set exactly one of spec.output.claimName (an existing claim) or "
-            "spec.output.volumeClaimTemplate (the operator creates the claim)",
+            "set one of spec.output.claimName (an existing claim) or spec.output.volumeClaimTemplate (the operator "
+            "creates the claim), not both",
+        )
+    elif complete and claim is None and template is None:
+        errors.add(
+            "spec.output",
+            "set spec.output.claimName (an existing claim) or spec.output.volumeClaimTemplate (the operator creates "
+            "the claim), or run with a runtime whose template has an output claim template (spec.runtimeRef)",
         )
     if isinstance(template, dict):
         pvc = template.get("spec") or {}
@@ -622,13 +637,14 @@ def _parse_volumes(pt: dict[str, Any], cache: bool, errors: _Errors) -> tuple[Ex
     return tuple(volumes)
 
 
-def parse_spec(spec: dict[str, Any]) -> JobSpec:
+def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
     """Parse a FineTuneJob ``spec`` (as the API server returns it, or a raw manifest's). Raises one
-    :class:`SpecError` that holds every error found, each naming its field."""
+    :class:`SpecError` that holds every error found, each naming its field. ``complete=False``: the job's own spec,
+    before its runtime's template is merged in (finetune_operator.runtimes), which may still give the output claim."""
     if not isinstance(spec, dict):
         raise SpecError("spec", "must be an object")
     errors = _Errors()
-    for required in ("model", "dataset", "output"):
+    for required in ("model", "dataset"):
         if not isinstance(spec.get(required), dict):
             errors.add(f"spec.{required}", "is required (an object)")
     m, d = spec.get("model") or {}, spec.get("dataset") or {}
@@ -738,8 +754,8 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
 
     nodes = errors.number(spec, "nodes", "spec.nodes", 1, int)
     output = (
-        _parse_output(spec["output"] if isinstance(spec.get("output"), dict) else {}, nodes, errors)
-        if isinstance(spec.get("output"), dict)
+        _parse_output(errors.section(spec, "output", "spec.output"), nodes, errors, complete=complete)
+        if spec.get("output") is not None or complete
         else Output()
     )
     acceleration = _get(spec, "acceleration", "auto")
@@ -828,7 +844,15 @@ def parse_spec(spec: dict[str, Any]) -> JobSpec:
     for k in pod_template.labels:
         if k.startswith("finetune.dev/"):
             errors.add(f"spec.podTemplate.labels['{k}']", "the finetune.dev/ prefix is reserved; rename it")
+    ref = errors.section(spec, "runtimeRef", "spec.runtimeRef")
+    if ref and not ref.get("name"):
+        errors.add("spec.runtimeRef.name", "is required: the runtime's name (`finetune runtimes` lists them)")
+    if ref and ref.get("kind", "ClusterFineTuneRuntime") not in ("ClusterFineTuneRuntime", "FineTuneRuntime"):
+        errors.add("spec.runtimeRef.kind", f"{ref['kind']!r}: expected ClusterFineTuneRuntime or FineTuneRuntime")
     job_spec = JobSpec(
+        runtime_ref=RuntimeRef(str(ref["name"]), str(ref.get("kind", "ClusterFineTuneRuntime")))
+        if ref.get("name")
+        else None,
         model=model,
         dataset=dataset,
         output=output,

@@ -11,8 +11,9 @@ from typing import Any
 from finetune_operator.builders import JobRef
 from finetune_operator.failures import Failure, WaitingProblem, classify_pod, completion_result, waiting_problem
 from finetune_operator.kueue import QUEUE_LABEL, is_kueue_gate
+from finetune_operator.runtimes import spec_of
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
-from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
+from finetune_operator.spec import JobSpec, SpecError, check_name
 from finetune_operator.status import Status, parse_ts
 
 
@@ -33,6 +34,10 @@ class Job:
     def wire_status(self) -> dict[str, Any]:
         return dict(self.wire.get("status") or {})
 
+    @property
+    def raw_spec(self) -> dict[str, Any]:
+        return dict(self.wire.get("spec") or {})
+
 
 def read_job(wire: dict[str, Any]) -> Job:
     meta = wire["metadata"]
@@ -41,7 +46,7 @@ def read_job(wire: dict[str, Any]) -> Job:
     error: str | None = None
     try:
         check_name(meta["name"])
-        spec = parse_spec(raw_spec)
+        spec = spec_of(wire)  # with the runtime template its attempt was admitted with
     except (SpecError, KeyError, TypeError, ValueError) as e:
         error = str(e)
     ttl = raw_spec.get("ttlSecondsAfterFinished")

@@ -159,6 +159,7 @@ class Status:
     progress: Progress | None = None
     history: History | None = None
     conditions: list[Condition] = field(default_factory=list)
+    runtime: dict[str, Any] | None = None  # what the current attempt was admitted with (runtimes.record)
 
     # -- the wire form ------------------------------------------------------------------------------
 
@@ -191,6 +192,8 @@ class Status:
             out["history"] = self.history.to_wire()
         if self.conditions:
             out["conditions"] = [c.to_wire() for c in self.conditions]
+        if self.runtime is not None:
+            out["runtime"] = self.runtime
         return out
 
     @classmethod
@@ -209,6 +212,7 @@ class Status:
             progress=Progress.from_wire(d["progress"]) if d.get("progress") else None,
             history=History.from_wire(d.get("history")),
             conditions=[Condition.from_wire(c) for c in d.get("conditions") or []],
+            runtime=dict(d["runtime"]) if isinstance(d.get("runtime"), dict) else None,
         )
         for name in cls._TIMES:
             setattr(st, name, parse_ts(d.get(camel(name))))

@@ -119,17 +119,26 @@ def test_every_value_is_documented() -> None:
     assert not undocumented, "values without a `# --` doc comment:\n" + "\n".join(undocumented)
 
 
-def test_crd_is_the_source_file(helm: Helm) -> None:
-    """The chart renders crds/finetune.dev_finetunejobs.yaml itself (a symlink, not a copy), adding only labels and
-    the keep annotation."""
-    link = CHART / "files" / "finetune.dev_finetunejobs.yaml"
-    assert link.is_symlink() and link.resolve() == CRD_SOURCE.resolve()
-    source = yaml.safe_load(CRD_SOURCE.read_text())
-    crd = one(helm.render(), "CustomResourceDefinition", "finetunejobs.finetune.dev")
+CRD_FILES = (
+    "finetune.dev_finetunejobs.yaml",
+    "finetune.dev_clusterfinetuneruntimes.yaml",
+    "finetune.dev_finetuneruntimes.yaml",
+)
+
+
+@pytest.mark.parametrize("file", CRD_FILES)
+def test_crd_is_the_source_file(helm: Helm, file: str) -> None:
+    """The chart renders each CRD of crds/ itself (a symlink, not a copy), adding only labels and the keep
+    annotation."""
+    link, source_file = CHART / "files" / file, CRD_SOURCE.parent / file
+    assert link.is_symlink() and link.resolve() == source_file.resolve()
+    source = yaml.safe_load(source_file.read_text())
+    name = source["metadata"]["name"]
+    crd = one(helm.render(), "CustomResourceDefinition", name)
     assert crd["spec"] == source["spec"]
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert source["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
-    keepless = one(helm.render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    keepless = one(helm.render({"crds": {"keep": False}}), "CustomResourceDefinition", name)
     assert "helm.sh/resource-policy" not in keepless["metadata"].get("annotations", {})
     assert not find(helm.render({"crds": {"enabled": False}}), "CustomResourceDefinition")
 
@@ -139,7 +148,9 @@ def test_packaged_chart_carries_the_crd(helm: Helm, tmp_path: Path) -> None:
     helm.run("package", str(CHART), f"--destination={tmp_path}")
     (tgz,) = tmp_path.glob("finetune-operator-*.tgz")
     docs = docs_of(helm.run("template", RELEASE, str(tgz)).stdout)
-    assert one(docs, "CustomResourceDefinition")["spec"] == yaml.safe_load(CRD_SOURCE.read_text())["spec"]
+    for file in CRD_FILES:
+        source = yaml.safe_load((CRD_SOURCE.parent / file).read_text())
+        assert one(docs, "CustomResourceDefinition", source["metadata"]["name"])["spec"] == source["spec"]
 
 
 def test_dashboard_configmap_is_the_file(helm: Helm) -> None:
@@ -149,7 +160,8 @@ def test_dashboard_configmap_is_the_file(helm: Helm) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["hack.helmtools.dashboard", "hack.helmtools.crd_reference", "hack.helmtools.chart_readme"]
+    "module",
+    ["hack.runtime_crd", "hack.helmtools.dashboard", "hack.helmtools.crd_reference", "hack.helmtools.chart_readme"],
 )
 def test_generated_files_are_current(module: str) -> None:
     """charts/.../files/dashboard.json, docs/reference.md and the chart's README are generated; regenerate with
@@ -243,19 +255,33 @@ def test_rbac_modes(helm: Helm) -> None:
     roles = find(namespaced, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in find(namespaced, "RoleBinding")) == ["team-a", "team-b"]
-    # cluster-scoped RBAC in namespaced mode: for humans (aggregated edit/view), and for the operator only `get` on
-    # nodes (operator.forceDelete); with forceDelete.mode=never, none for the operator at all
-    assert sorted(r["metadata"]["name"] for r in find(namespaced, "ClusterRole")) == [
-        "finetune-edit",
-        "finetune-operator-nodes",
-        "finetune-view",
-    ]
+    # cluster-scoped RBAC in namespaced mode: for humans (aggregated edit/view/admin, reading cluster runtimes), and
+    # for the operator only reads: `get` on nodes (operator.forceDelete) and the cluster's runtimes
+    humans = ["finetune-edit", "finetune-runtime-admin", "finetune-runtime-reader", "finetune-view"]
+    assert sorted(r["metadata"]["name"] for r in find(namespaced, "ClusterRole")) == sorted(
+        [*humans, "finetune-operator-nodes", "finetune-operator-runtimes"]
+    )
     nodes_role = one(namespaced, "ClusterRole", "finetune-operator-nodes")
     assert nodes_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
-    assert [b["roleRef"]["name"] for b in find(namespaced, "ClusterRoleBinding")] == ["finetune-operator-nodes"]
-    never = helm.render(VALUE_SETS["namespaced"] | {"operator": {"forceDelete": {"mode": "never"}}})
-    assert sorted(r["metadata"]["name"] for r in find(never, "ClusterRole")) == ["finetune-edit", "finetune-view"]
-    assert not find(never, "ClusterRoleBinding")
+    runtimes_role = one(namespaced, "ClusterRole", "finetune-operator-runtimes")
+    assert runtimes_role["rules"] == [
+        {"apiGroups": ["finetune.dev"], "resources": ["clusterfinetuneruntimes"], "verbs": ["get", "list"]}
+    ]
+    assert sorted(b["roleRef"]["name"] for b in find(namespaced, "ClusterRoleBinding")) == [
+        "finetune-operator-nodes",
+        "finetune-operator-runtimes",
+        "finetune-runtime-reader",
+    ]
+    never = helm.render(
+        VALUE_SETS["namespaced"] | {"operator": {"forceDelete": {"mode": "never"}}, "runtimes": {"readers": []}}
+    )
+    assert sorted(r["metadata"]["name"] for r in find(never, "ClusterRole")) == [
+        "finetune-edit",
+        "finetune-operator-runtimes",
+        "finetune-runtime-admin",
+        "finetune-view",
+    ]
+    assert [b["roleRef"]["name"] for b in find(never, "ClusterRoleBinding")] == ["finetune-operator-runtimes"]
     assert sorted(p["metadata"]["namespace"] for p in find(namespaced, "KopfPeering")) == ["team-a", "team-b"]
     assert not find(namespaced, "ClusterKopfPeering")
     for r in roles:
@@ -461,3 +487,20 @@ def test_every_alerts_runbook_is_a_heading_of_this_repositorys_troubleshooting_g
         page, _, anchor = url.partition("#")
         assert page == "https://github.com/finetune-operator/finetune-operator/blob/main/docs/troubleshooting.md"
         assert anchor == r["alert"].lower() and anchor in headings, (r["alert"], sorted(headings))
+
+
+def test_the_chart_ships_its_runtimes_with_its_trainer_images(helm: Helm) -> None:
+    """ClusterFineTuneRuntimes cpu and gpu, as post-install/upgrade hooks (their CRD is one of the release's own
+    objects), with the chart's trainer images; runtimes.default marks one the default, none by default."""
+    docs = helm.render({"trainer": {"image": {"repository": "registry.corp/ml/trainer", "tag": "2"}}})
+    cpu, gpu = (one(docs, "ClusterFineTuneRuntime", name) for name in ("cpu", "gpu"))
+    for rt in (cpu, gpu):
+        assert rt["spec"]["images"]["default"] == "registry.corp/ml/trainer:2"
+        assert rt["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+        assert "finetune.dev/is-default-runtime" not in rt["metadata"]["annotations"]
+    assert gpu["spec"]["template"]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    chosen = one(helm.render({"runtimes": {"default": "gpu"}}), "ClusterFineTuneRuntime", "gpu")
+    assert chosen["metadata"]["annotations"]["finetune.dev/is-default-runtime"] == "true"
+    assert not find(helm.render({"runtimes": {"create": False}}), "ClusterFineTuneRuntime")
+    with pytest.raises(AssertionError, match="/runtimes/default"):
+        helm.render({"runtimes": {"default": "tpu"}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,15 @@ SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["propertie
 
 
 def _crd_default(path: list[str]) -> Any:
+    """The CRD's default, or for a field a runtime's template may set (which the API server must not default) the
+    default its description documents ("Default `X` unless the job's runtime sets one")."""
     node = SPEC_SCHEMA
     for p in path:
         node = node["properties"][p]
-    return node.get("default")
+    if "default" in node:
+        return node["default"]
+    documented = re.search(r"Default `([^`]+)` unless the job's runtime sets one", node.get("description", ""))
+    return yaml.safe_load(documented.group(1)) if documented else None
 
 
 @pytest.mark.parametrize(
@@ -1182,6 +1188,16 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
         history=History((TrainPoint(1, 5, 2.5, 10.0, 2e-5),), (EvalPoint(1, 5, 1.25),)),
         failure=Failure("TrainingError", "exit code 1", rank=1, attempt=0, exit_code=1, pod_name="ft-node-1"),
         conditions=[Condition("Running", True, "AllRanksRunning", "ok", NOW, 3)],
+        runtime={
+            "attempt": 1,
+            "kind": "ClusterFineTuneRuntime",
+            "name": "gpu",
+            "generation": 2,
+            "uid": "u",
+            "chosenBy": "spec.runtimeRef",
+            "template": {"queueName": "q"},
+            "values": [{"field": "spec.queueName", "value": "q", "source": "job"}],
+        },
     )
     wire = full.to_wire()
     assert set(wire) == set(schema)
@@ -1189,6 +1205,8 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
     for series in ("train", "eval"):
         assert set(wire["history"][series][0]) == set(schema["history"]["properties"][series]["items"]["properties"])
     assert set(wire["failure"]) == set(schema["failure"]["properties"])
+    assert set(wire["runtime"]) == set(schema["runtime"]["properties"])
+    assert set(wire["runtime"]["values"][0]) == set(schema["runtime"]["properties"]["values"]["items"]["properties"])
     assert set(wire["conditions"][0]) == set(schema["conditions"]["items"]["properties"])
     assert wire["nodes"] == "2/4" and wire["conditions"][0]["status"] == "True"
     assert Status.from_wire(wire) == full

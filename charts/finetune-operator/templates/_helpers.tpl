@@ -133,6 +133,10 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 - apiGroups: [finetune.dev]
   resources: [finetunejobs/finalizers]
   verbs: [update]
+# Runtimes of the job's namespace: read when an attempt starts (the cluster-wide ones: finetune-operator.runtimeRules).
+- apiGroups: [finetune.dev]
+  resources: [finetuneruntimes]
+  verbs: [get, list]
 # Trainer pods: found by label, created per rank, deleted on gang restart and on final failure.
 - apiGroups: [""]
   resources: [pods]
@@ -185,3 +189,10 @@ progress scrape), or [] (from anywhere) when metricsFrom is empty. */}}
 {{- end }}
 {{- toJson $peers }}
 {{- end -}}
+
+{{/* Cluster-wide runtimes: read when an attempt starts, never written. */}}
+{{- define "finetune-operator.runtimeRules" -}}
+- apiGroups: [finetune.dev]
+  resources: [clusterfinetuneruntimes]
+  verbs: [get, list]
+{{- end }}

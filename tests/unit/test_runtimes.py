@@ -1,0 +1,263 @@
+"""Runtimes: the precedence rule (finetune_operator.runtimes.merge), which runtime a job gets, the guardrail layers and
+what an attempt records, decided through the same pure core the controller runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from finetune_operator import runtimes
+from finetune_operator.runtimes import CLUSTER_KIND, NAMESPACED_KIND, Choice, choose, merge, read_runtime, resolve
+from finetune_operator.settings import Settings
+from finetune_operator.spec import RuntimeRef, SpecError
+from finetune_operator.state import read_job
+
+from tests.unit.factories import STARTED, base_spec, decided, job, running
+
+pytestmark = pytest.mark.unit
+
+
+def runtime(
+    name: str = "gpu",
+    *,
+    kind: str = CLUSTER_KIND,
+    generation: int = 3,
+    default: bool = False,
+    created: str = "2026-12-01T00:00:00Z",
+    **spec: Any,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "generation": generation, "uid": f"rt-{name}", "creationTimestamp": created}
+    if kind == NAMESPACED_KIND:
+        meta["namespace"] = "ns"
+    if default:
+        meta["annotations"] = {runtimes.DEFAULT_ANNOTATION: "true"}
+    return {"apiVersion": "finetune.dev/v1alpha1", "kind": kind, "metadata": meta, "spec": spec}
+
+
+TEMPLATE = {
+    "podTemplate": {
+        "nodeSelector": {"pool": "a100", "zone": "z1"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "priorityClassName": "batch",
+        "volumes": [{"name": "hf", "mountPath": "/hf", "persistentVolumeClaim": {"claimName": "hf-cache"}}],
+    },
+    "resources": {"limits": {"nvidia.com/gpu": 8, "memory": "512Gi"}},
+    "env": [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_IB_HCA", "value": "mlx5"}],
+    "queueName": "team-a",
+    "training": {"precision": "bf16", "checkpointEverySteps": 200},
+    "output": {
+        "volumeClaimTemplate": {
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Ti"}}}
+        }
+    },
+}
+
+
+def test_a_field_the_job_sets_wins_maps_merge_by_key_lists_by_name_tolerations_add_up() -> None:
+    own = base_spec(
+        podTemplate={
+            "nodeSelector": {"zone": "z2"},
+            "tolerations": [{"key": "spot", "operator": "Exists"}],
+            "volumes": [{"name": "hf", "mountPath": "/hf", "persistentVolumeClaim": {"claimName": "mine"}}],
+        },
+        resources={"limits": {"nvidia.com/gpu": 4}},
+        env=[{"name": "NCCL_DEBUG", "value": "INFO"}],
+        training={"maxSteps": 10, "precision": "fp16"},
+    )
+    merged, sources = merge(own, TEMPLATE)
+    pt = merged["podTemplate"]
+    assert pt["nodeSelector"] == {"pool": "a100", "zone": "z2"}  # key by key, the job's key wins
+    assert pt["tolerations"] == [TEMPLATE["podTemplate"]["tolerations"][0], {"key": "spot", "operator": "Exists"}]
+    assert pt["volumes"] == own["podTemplate"]["volumes"]  # by name: the job's entry wins
+    assert pt["priorityClassName"] == "batch"  # the job left it out
+    assert merged["resources"] == {"limits": {"nvidia.com/gpu": 4, "memory": "512Gi"}}
+    assert merged["env"] == [{"name": "NCCL_IB_HCA", "value": "mlx5"}, {"name": "NCCL_DEBUG", "value": "INFO"}]
+    assert merged["training"] == {"maxSteps": 10, "precision": "fp16", "checkpointEverySteps": 200}
+    assert merged["output"] == {"claimName": "o"}  # the job names its claim: no template added
+    assert merged["queueName"] == "team-a"
+    assert sources["podTemplate.nodeSelector"] == "job + runtime"
+    assert sources["podTemplate.priorityClassName"] == "runtime"
+    assert sources["training.precision"] == "job"
+    assert "output.volumeClaimTemplate" in sources and sources["output.volumeClaimTemplate"] == "job"
+    assert own["podTemplate"]["nodeSelector"] == {"zone": "z2"}  # the job's spec itself is left alone
+
+
+def test_a_job_without_an_output_claim_takes_the_runtimes_template() -> None:
+    own = base_spec()
+    del own["output"]
+    with pytest.raises(SpecError, match=r"spec\.output: set spec\.output\.claimName"):
+        resolve(own, Choice(None, "none"), Settings())
+    eff = resolve(own, Choice(read_runtime(runtime(template=TEMPLATE)), "spec.runtimeRef"), Settings())
+    assert eff.spec.output.template == TEMPLATE["output"]["volumeClaimTemplate"]
+    assert {
+        "field": "spec.output.volumeClaimTemplate",
+        "source": "runtime: spec.template",
+    }.items() <= next(v.to_wire() for v in eff.values if v.field == "spec.output.volumeClaimTemplate").items()
+
+
+def test_which_runtime_the_namespace_default_before_the_clusters_the_newest_of_several() -> None:
+    ref = RuntimeRef("gpu")
+    missing = choose(ref, "ns", named=None)
+    assert missing.runtime is None and missing.error is not None
+    assert "ClusterFineTuneRuntime 'gpu' does not exist in the cluster" in missing.error
+    ns_missing = choose(RuntimeRef("mine", NAMESPACED_KIND), "ns", named=None)
+    assert "FineTuneRuntime 'mine' does not exist in namespace ns" in (ns_missing.error or "")
+    named = choose(ref, "ns", named=runtime(), namespaced=[runtime("other", kind=NAMESPACED_KIND, default=True)])
+    assert named.runtime is not None and named.runtime.name == "gpu" and named.how == "spec.runtimeRef"
+    old, new = (runtime("old", default=True, created="2026-01-01T00:00:00Z"), runtime("new", default=True))
+    cluster = choose(None, "ns", namespaced=[runtime("plain", kind=NAMESPACED_KIND)], cluster=[old, new, runtime("x")])
+    assert cluster.runtime is not None and cluster.runtime.name == "new"
+    assert cluster.how == "the cluster's default (newest of 2 defaults)"
+    local = choose(None, "ns", namespaced=[runtime("team", kind=NAMESPACED_KIND, default=True)], cluster=[new])
+    assert local.runtime is not None and (local.runtime.name, local.how) == ("team", "the namespace's default")
+    assert choose(None, "ns", cluster=[runtime("x")]) == Choice(None, "none")
+
+
+def test_effective_values_name_their_sources() -> None:
+    helm = Settings(trainer_tolerations=({"key": "legacy", "operator": "Exists"},), allowed_schedulers=("volcano",))
+    rt = runtime(images={"default": "registry.corp/ml/trainer:2"}, template=TEMPLATE, guardrails={"maxNodesPerJob": 4})
+    eff = resolve(base_spec(training={"maxSteps": 10, "precision": "fp32"}), Choice(read_runtime(rt), "x"), helm)
+    shown = {(v.field, v.source) for v in eff.values}
+    label = "runtime"
+    assert ("spec.image", f"{label}: spec.images.default") in shown
+    assert ("spec.training.precision", "job") in shown
+    assert ("spec.queueName", f"{label}: spec.template") in shown
+    assert ("spec.podTemplate.tolerations", "Helm value trainer.tolerations (deprecated: set it in a runtime)") in shown
+    assert ("guardrails.allowedSchedulers", "Helm value") in shown
+    assert ("guardrails.maxNodesPerJob", f"{label}: spec.guardrails") in shown
+    assert eff.settings.default_image == "registry.corp/ml/trainer:2" and eff.settings.ort_image == Settings.ort_image
+    assert eff.spec.training.precision == "fp32" and eff.spec.gpus_per_node == 8
+
+
+def test_a_bad_value_from_the_runtime_names_the_runtime() -> None:
+    rt = runtime(
+        template={"training": {"precision": "bf16"}, "shmSize": "2Gi", "resources": {"limits": {"memory": "1Gi"}}}
+    )
+    with pytest.raises(SpecError) as e:
+        resolve(base_spec(), Choice(read_runtime(rt), "spec.runtimeRef"), Settings())
+    assert "spec.shmSize" in str(e.value) and "the value comes from ClusterFineTuneRuntime gpu" in str(e.value)
+
+
+# -- through the reconcile decision ---------------------------------------------------------------------------------
+
+
+def chosen(obj: dict[str, Any]) -> Any:
+    return runtimes.Choice(read_runtime(obj), "spec.runtimeRef")
+
+
+def observed(obj: dict[str, Any] | None, ref: str = "gpu") -> Any:
+    from finetune_operator.admission import Observed
+
+    return Observed(runtime=choose(RuntimeRef(ref), "ns", named=obj))
+
+
+def trainer_pods(plan: Any) -> list[dict[str, Any]]:
+    return [o for o in plan.create if o["kind"] == "Pod"]
+
+
+def test_an_attempt_runs_with_its_runtime_and_records_it() -> None:
+    rt = runtime(images={"default": "registry.corp/ml/trainer:2"}, template=TEMPLATE)
+    plan = decided(job(runtimeRef={"name": "gpu"}, nodes=2), observed=observed(rt))
+    assert plan.status.state == "Created"
+    pods = trainer_pods(plan)
+    spec0 = pods[0]["spec"]
+    assert spec0["containers"][0]["image"] == "registry.corp/ml/trainer:2"
+    assert spec0["nodeSelector"] == {"pool": "a100", "zone": "z1"} and spec0["priorityClassName"] == "batch"
+    assert spec0["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in spec0["containers"][0]["env"]
+    assert pods[0]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    config = next(o for o in plan.create if o["kind"] == "ConfigMap")
+    assert '"bf16"' in config["data"]["config.json"]
+    record = plan.status.runtime
+    assert record is not None
+    assert {k: record[k] for k in ("kind", "name", "generation", "attempt", "chosenBy")} == {
+        "kind": CLUSTER_KIND,
+        "name": "gpu",
+        "generation": 3,
+        "attempt": 0,
+        "chosenBy": "spec.runtimeRef",
+    }
+    assert any("runtime ClusterFineTuneRuntime gpu (generation 3)" in e.message for e in plan.events)
+    # every later pass of the attempt reads the spec it was built from, whatever the runtime says now
+    later = read_job(job(plan.status, runtimeRef={"name": "gpu"}, nodes=2))
+    assert later.spec is not None and later.spec.gpus_per_node == 8 and later.spec.training.precision == "bf16"
+
+
+def test_an_edited_runtime_applies_to_the_next_attempt_never_to_the_running_one() -> None:
+    first = decided(job(runtimeRef={"name": "gpu"}, nodes=2), observed=observed(runtime(template=TEMPLATE)))
+    st = first.status
+    st.state, st.attempt_start_time = "Running", STARTED_TIME
+    edited = runtime(generation=4, template={**TEMPLATE, "queueName": "team-b"})
+    watching = decided(
+        job(st, runtimeRef={"name": "gpu"}, nodes=2), [running(0), running(1)], observed=observed(edited)
+    )
+    assert watching.create == [] and watching.status.runtime == st.runtime  # the running attempt is untouched
+    failed = decided(
+        job(st, runtimeRef={"name": "gpu"}, nodes=2),
+        [running(0), running(1, phase="Failed", code=1)],
+        observed=observed(edited),
+    )
+    assert failed.status.state == "Restarting"
+    nxt = decided(job(failed.status, runtimeRef={"name": "gpu"}, nodes=2), observed=observed(edited))
+    assert (
+        nxt.status.runtime is not None and nxt.status.runtime["generation"] == 4 and nxt.status.runtime["attempt"] == 1
+    )
+    assert trainer_pods(nxt)[0]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-b"
+    gone = decided(job(failed.status, runtimeRef={"name": "gpu"}, nodes=2), observed=observed(None))
+    assert gone.status.state == "Failed" and gone.create == []
+    assert gone.status.failure is not None and gone.status.failure.reason == "RuntimeNotFound"
+    assert "spec.runtimeRef" in gone.status.failure.message and "does not exist" in gone.status.failure.message
+
+
+def test_both_guardrail_layers_apply_and_name_where_they_are_set() -> None:
+    strict = runtime(guardrails={"maxNodesPerJob": 2, "allowTrustRemoteCode": False})
+    over = decided(job(runtimeRef={"name": "gpu"}, nodes=3), observed=observed(strict))
+    assert over.status.state == "Failed" and over.status.failure is not None
+    assert over.status.failure.reason == "QuotaExceeded"
+    assert "ClusterFineTuneRuntime gpu (generation 3): spec.guardrails.maxNodesPerJob" in over.status.failure.message
+    # the operator's own guardrails still bind a job whose runtime sets none
+    helm = Settings(max_nodes_per_job=1)
+    loose = decided(job(runtimeRef={"name": "gpu"}, nodes=2), observed=observed(runtime()), settings=helm)
+    assert loose.status.failure is not None and "Helm value guardrails.maxNodesPerJob" in loose.status.failure.message
+    remote = decided(
+        job(runtimeRef={"name": "gpu"}, model={"path": "/m", "trustRemoteCode": True}), observed=observed(strict)
+    )
+    assert remote.status.failure is not None and "spec.guardrails.allowTrustRemoteCode" in remote.status.failure.message
+
+
+def test_allowlists_judge_what_the_job_asks_for_not_what_its_runtime_adds() -> None:
+    rt = runtime(
+        template={"podTemplate": {"tolerations": [{"key": "dedicated", "operator": "Exists"}], "schedulerName": "kai"}},
+        guardrails={"allowedTolerationKeys": ["spot"], "allowedSchedulers": ["volcano"]},
+    )
+    ok = decided(job(runtimeRef={"name": "gpu"}), observed=observed(rt))
+    assert ok.status.state == "Created"
+    assert trainer_pods(ok)[0]["spec"]["schedulerName"] == "kai"
+    refused = decided(
+        job(runtimeRef={"name": "gpu"}, podTemplate={"tolerations": [{"key": "team-b", "operator": "Exists"}]}),
+        observed=observed(rt),
+    )
+    assert refused.status.failure is not None
+    assert "spec.podTemplate.tolerations[0].key: team-b" in refused.status.failure.message
+    assert "spec.guardrails.allowedTolerationKeys" in refused.status.failure.message
+
+
+def test_the_runtimes_queue_satisfies_a_required_queue_and_its_image_is_judged_by_the_helm_allowlist() -> None:
+    rt = runtime(images={"default": "docker.io/x/trainer:1"}, template={"queueName": "team-a"})
+    helm = Settings(require_queue_name=True, allowed_image_prefixes=("registry.corp/ml",))
+    plan = decided(job(runtimeRef={"name": "gpu"}), observed=observed(rt), settings=helm)
+    assert plan.status.failure is not None
+    assert "docker.io/x/trainer:1" in plan.status.failure.message
+    assert "ClusterFineTuneRuntime gpu (generation 3): spec.images.default" in plan.status.failure.message
+    good = runtime(images={"default": "registry.corp/ml/trainer:1"}, template={"queueName": "team-a"})
+    assert decided(job(runtimeRef={"name": "gpu"}), observed=observed(good), settings=helm).status.state == "Created"
+
+
+def test_without_a_runtime_a_job_runs_as_before() -> None:
+    plan = decided(job(nodes=2))
+    assert plan.status.state == "Created" and plan.status.runtime is not None
+    assert plan.status.runtime["chosenBy"] == "none" and "name" not in plan.status.runtime
+    assert trainer_pods(plan)[0]["spec"]["containers"][0]["image"] == Settings.default_image
+
+
+STARTED_TIME = read_job(job(dict(STARTED))).status.attempt_start_time
