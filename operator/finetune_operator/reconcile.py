@@ -326,11 +326,13 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
 
 
 def _guardrails(p: _Pass, eff: runtimes.Effective) -> guardrails.Violation | None:
-    """The operator's guardrails, then the runtime's: a job must pass both layers. Their allowlists judge what the job
-    itself asks for; what its runtime adds is the platform's own."""
+    """The operator's guardrails, then the runtime's: a job must pass both layers. A runtime's allowlists judge what
+    the job itself asks for (what the runtime adds is its own); the operator's judge what a cluster runtime adds as
+    the platform's own too, but a namespace's runtime (its admins write it) as the job's: it can only narrow them."""
     own = parse_spec(p.job.raw_spec, complete=False)  # parsed before (state.read_job), so it parses
+    tenant = eff.spec if eff.runtime is not None and eff.runtime.kind == runtimes.NAMESPACED_KIND else own
     image_source = eff.values[0].source.replace("runtime:", f"{eff.runtime.label}:") if eff.runtime else None
-    found = guardrails.check(p.job.ref, eff.spec, eff.settings, own=own, image_source=image_source)
+    found = guardrails.check(p.job.ref, eff.spec, eff.settings, own=tenant, image_source=image_source)
     if found is None and eff.guardrails is not None and eff.runtime is not None:
         origin = f"{eff.runtime.label}: spec.guardrails.{{}}"
         found = guardrails.check(p.job.ref, eff.spec, eff.guardrails, own=own, origin=origin, image_source=image_source)

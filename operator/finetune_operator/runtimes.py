@@ -304,13 +304,22 @@ def resolve(raw: dict[str, Any], choice: Choice, settings: Settings) -> Effectiv
     try:
         spec = parse_spec(merged)
     except SpecError as e:
-        if runtime is None:
+        if runtime is None or not runtime.template:
             raise
+        try:
+            parse_spec(raw, complete=False)
+        except SpecError:
+            raise e from None  # the job's own errors: the runtime is not their cause
+        # The job's own spec parses: every error comes of the runtime's values (or of their mix with the job's).
         given = {f"spec.{p}" for p, s in sources.items() if s != "job"}
-        lines = tuple(
-            (f, m + (f" (the value comes from {runtime.label}: spec.template)" if f in given else ""))
-            for f, m in e.errors
-        )
+
+        def why(field_path: str) -> str:
+            exact = field_path in given or any(field_path.startswith((g + ".", g + "[")) for g in given)
+            return (
+                f"the value comes from {runtime.label}: spec.template" if exact else f"with {runtime.label}'s template"
+            )
+
+        lines = tuple((f, f"{m} ({why(f)})") for f, m in e.errors)
         raise SpecError(lines[0][0], lines[0][1], more=lines[1:]) from None
     effective = settings
     if runtime is not None and runtime.images:

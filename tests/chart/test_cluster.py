@@ -72,7 +72,12 @@ OPERATOR_RULES = {
     ("policy", "poddisruptionbudgets", "get"),
     ("networking.k8s.io", "networkpolicies", "create"),
     ("networking.k8s.io", "networkpolicies", "get"),
+    ("finetune.dev", "finetuneruntimes", "get"),
+    ("finetune.dev", "finetuneruntimes", "list"),
 }
+# The cluster's runtimes: get and list by the operator's own grant (read when an attempt starts), watch too through
+# finetune-runtime-reader, which every authenticated identity has (runtimes.readers). Cluster-scoped, as NODE_RULES.
+CLUSTER_RUNTIME_RULES = {("finetune.dev", "clusterfinetuneruntimes", v) for v in ("get", "list", "watch")}
 # Cluster-scoped and read-only (operator.forceDelete): whether a stuck pod's node is lost. A ClusterRoleBinding, so a
 # rules review lists it in every namespace, in the namespaced mode too.
 NODE_RULES = {("", "nodes", "get")}
@@ -99,6 +104,11 @@ def _ns(cluster: Any, prefix: str, restricted: bool = True) -> str:
 def _delete_ns(cluster: Any, *names: str) -> None:
     for n in names:
         cluster.run_kubectl("delete", "namespace", n, "--wait=false", "--ignore-not-found", check=False)
+
+
+def _delete_chart_runtimes(cluster: Any) -> None:
+    """The chart's runtimes outlive `helm uninstall`, as its CRDs do; the session's cluster is shared."""
+    cluster.run_kubectl("delete", "clusterfinetuneruntimes", "cpu", "gpu", "--ignore-not-found", check=False)
 
 
 def _free_port() -> int:
@@ -368,6 +378,10 @@ MUST = [
     ("delete", "finetunejobs.finetune.dev"),
     ("update", "finetunejobs.finetune.dev/status"),
     ("update", "finetunejobs.finetune.dev/finalizers"),
+    ("get", "finetuneruntimes.finetune.dev"),
+    ("list", "finetuneruntimes.finetune.dev"),
+    ("get", "clusterfinetuneruntimes.finetune.dev"),
+    ("list", "clusterfinetuneruntimes.finetune.dev"),
 ]
 MUST_NOT = [
     ("get", "secrets"),
@@ -395,6 +409,9 @@ MUST_NOT = [
     ("create", "roles.rbac.authorization.k8s.io"),
     ("create", "rolebindings.rbac.authorization.k8s.io"),
     ("delete", "events"),
+    ("create", "finetuneruntimes.finetune.dev"),
+    ("update", "finetuneruntimes.finetune.dev"),
+    ("delete", "finetuneruntimes.finetune.dev"),
 ]
 CLUSTER_MUST_NOT = [
     ("list", "nodes"),
@@ -410,7 +427,36 @@ CLUSTER_MUST_NOT = [
     ("escalate", "clusterroles.rbac.authorization.k8s.io"),
     ("bind", "clusterroles.rbac.authorization.k8s.io"),
     ("create", "persistentvolumes"),
+    ("create", "clusterfinetuneruntimes.finetune.dev"),
+    ("update", "clusterfinetuneruntimes.finetune.dev"),
+    ("delete", "clusterfinetuneruntimes.finetune.dev"),
 ]
+# A tenant (the built-in edit role in a namespace) and a namespace admin (admin): both read every runtime and pick one;
+# only the admin defines the namespace's runtimes; neither touches the cluster's.
+TENANT = [
+    ("get", "clusterfinetuneruntimes.finetune.dev", True),
+    ("list", "clusterfinetuneruntimes.finetune.dev", True),
+    ("create", "clusterfinetuneruntimes.finetune.dev", False),
+    ("update", "clusterfinetuneruntimes.finetune.dev", False),
+    ("delete", "clusterfinetuneruntimes.finetune.dev", False),
+    ("list", "finetuneruntimes.finetune.dev", True),
+    ("create", "finetuneruntimes.finetune.dev", False),
+    ("create", "finetunejobs.finetune.dev", True),
+]
+NAMESPACE_ADMIN = [
+    ("create", "finetuneruntimes.finetune.dev", True),
+    ("update", "finetuneruntimes.finetune.dev", True),
+    ("create", "clusterfinetuneruntimes.finetune.dev", False),
+    ("update", "clusterfinetuneruntimes.finetune.dev", False),
+]
+
+
+def _allowed(cluster: Any, user: str, namespace: str, rows: list[tuple[str, str, bool]]) -> bool:
+    def can(verb: str, res: str) -> bool:
+        out = cluster.run_kubectl("auth", "can-i", verb, res, f"--as={user}", "-n", namespace, check=False).split()
+        return bool(out) and out[0] == "yes"
+
+    return all(can(verb, res) is want for verb, res, want in rows)
 
 
 def _matrix(cluster: Any, rel: Release, rows: list[tuple[str, str]], namespace: str | None, expect: bool) -> list[str]:
@@ -472,7 +518,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
         # permissions: exactly the operator's rules, everywhere (cluster scope), and nothing else
         rules = _ssrr(kc, work)
         peering = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING_VERBS}
-        assert rules == OPERATOR_RULES | NODE_RULES | peering, rules
+        assert rules == OPERATOR_RULES | NODE_RULES | CLUSTER_RUNTIME_RULES | peering, rules
         problems = (
             _matrix(cluster, rel, MUST, work, True)
             + _matrix(cluster, rel, MUST_NOT, work, False)
@@ -489,6 +535,21 @@ def test_cluster_scope_install_run_upgrade_uninstall(
             timeout=60,
             what="finetune-edit/view aggregated into edit and view",
         )
+        # tenants read runtimes and pick one; only a namespace's admin defines its runtimes; nobody but cluster admins
+        # touches the cluster's (the chart's own are there: helm hooks after the release's objects)
+        assert cluster.run_kubectl("get", "clusterfinetuneruntimes", "cpu", "gpu", "-o", "name").split() == [
+            "clusterfinetuneruntime.finetune.dev/cpu",
+            "clusterfinetuneruntime.finetune.dev/gpu",
+        ]
+        for user, role, rows in (("alice", "edit", TENANT), ("nadia", "admin", NAMESPACE_ADMIN)):
+            cluster.run_kubectl(
+                "create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}", f"--user={user}", "-n", work
+            )
+            wait_for(
+                lambda user=user, rows=rows: _allowed(cluster, user, work, rows),
+                timeout=60,
+                what=f"{user} ({role} in {work}): {rows}",
+            )
         op.stop()
         _assert_clean_log(op)
 
@@ -518,6 +579,8 @@ def test_cluster_scope_install_run_upgrade_uninstall(
         helm.run("uninstall", name, f"--namespace={ns}", "--wait", kubeconfig=cluster.kubeconfig)
         assert cluster.run_kubectl("get", "crd", "finetunejobs.finetune.dev", "-o", "name").strip()
         assert cluster.run_kubectl("get", "ftj", "smoke", "-n", work, "-o", "name").strip()
+        # the chart's runtimes (hooks) stay with the CRDs: a job that names one still runs after a reinstall
+        assert cluster.run_kubectl("get", "clusterfinetuneruntime", "cpu", "-o", "name").strip()
         for crd in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):  # chart crds/: never deleted by helm
             assert cluster.run_kubectl("get", "crd", crd, "-o", "name").strip()
         for ref in (
@@ -525,6 +588,9 @@ def test_cluster_scope_install_run_upgrade_uninstall(
             f"clusterrolebinding/{name}-finetune-operator",
             "clusterrole/finetune-edit",
             "clusterrole/finetune-view",
+            "clusterrole/finetune-runtime-admin",
+            "clusterrole/finetune-runtime-reader",
+            "clusterrolebinding/finetune-runtime-reader",
             "clusterkopfpeering/finetune-operator",
         ):
             assert not cluster.run_kubectl("get", ref, "--ignore-not-found", "-o", "name").strip(), ref
@@ -544,6 +610,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
             op.stop()
         helm.run("uninstall", name, f"--namespace={ns}", kubeconfig=cluster.kubeconfig, check=False)
         cluster.run_kubectl("delete", "ftj", "--all", "-n", work, "--ignore-not-found", check=False)
+        _delete_chart_runtimes(cluster)
         _delete_ns(cluster, ns, work, other)
 
 
@@ -565,12 +632,13 @@ def test_namespaced_scope_install_and_run(
         _prove_reconcile(cluster, op, b)
         _assert_clean_log(op)
 
-        expected = OPERATOR_RULES | NODE_RULES | {("kopf.dev", "kopfpeerings", v) for v in PEERING_VERBS}
+        cluster_wide = NODE_RULES | CLUSTER_RUNTIME_RULES
+        expected = OPERATOR_RULES | cluster_wide | {("kopf.dev", "kopfpeerings", v) for v in PEERING_VERBS}
         for w in (a, b):
             assert _ssrr(kc, w) == expected
-        # outside its namespaces only the cluster-scoped read of nodes, nothing namespaced
-        assert _ssrr(kc, unwatched) == NODE_RULES, "the operator must have no rights outside its namespaces"
-        assert _ssrr(kc, ns) == NODE_RULES, "nor in its own namespace"
+        # outside its namespaces only the cluster-scoped reads of nodes and runtimes, nothing namespaced
+        assert _ssrr(kc, unwatched) == cluster_wide, "the operator must have no rights outside its namespaces"
+        assert _ssrr(kc, ns) == cluster_wide, "nor in its own namespace"
         problems = (
             _matrix(cluster, rel, MUST, a, True)
             + _matrix(cluster, rel, MUST_NOT, a, False)
@@ -616,6 +684,7 @@ def test_namespaced_scope_install_and_run(
         helm.run("uninstall", name, f"--namespace={ns}", kubeconfig=cluster.kubeconfig, check=False)
         for w in (a, b):
             cluster.run_kubectl("delete", "ftj", "--all", "-n", w, "--ignore-not-found", check=False)
+        _delete_chart_runtimes(cluster)
         _delete_ns(cluster, ns, a, b, unwatched)
 
 
@@ -702,4 +771,5 @@ def test_helm_upgrade_mid_job_new_operator_adopts_the_running_gang(
                 op.stop()
         helm.run("uninstall", name, f"--namespace={ns}", kubeconfig=cluster.kubeconfig, check=False)
         cluster.run_kubectl("delete", "ftj", "--all", "-n", work, "--ignore-not-found", check=False)
+        _delete_chart_runtimes(cluster)
         _delete_ns(cluster, ns, work)

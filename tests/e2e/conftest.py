@@ -68,6 +68,27 @@ class E2E:
         )
 
 
+def _cpu_runtime(api: Any) -> None:
+    """The runtime the examples name (the chart ships it; this tier runs the operator without the chart): the
+    operator's own images, nothing else."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = {
+        "apiVersion": "finetune.dev/v1alpha1",
+        "kind": "ClusterFineTuneRuntime",
+        "metadata": {"name": "cpu"},
+        "spec": {"description": "the operator's images"},
+    }
+    co = client.CustomObjectsApi(api)
+    try:  # the session's cluster: an earlier test (the chart's, say) may have left one with other images
+        co.delete_cluster_custom_object("finetune.dev", "v1alpha1", "clusterfinetuneruntimes", "cpu")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    co.create_cluster_custom_object("finetune.dev", "v1alpha1", "clusterfinetuneruntimes", body)
+
+
 @pytest.fixture
 def e2e(request: pytest.FixtureRequest, cluster: Any, namespace: str, tmp_path: Path) -> Iterator[E2E]:
     why = _why_not_supported()
@@ -93,6 +114,7 @@ def e2e(request: pytest.FixtureRequest, cluster: Any, namespace: str, tmp_path: 
     from kubernetes import config
 
     api = config.new_client_from_config(config_file=cluster.kubeconfig)
+    _cpu_runtime(api)
     env = E2E(namespace, agent, operator, Jobs(api, namespace), claims, cluster.run_kubectl)
     try:
         yield env

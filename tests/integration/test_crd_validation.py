@@ -28,7 +28,6 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("name-uppercase", {**make_job("Bad").build()}, "metadata.name"),
     ("name-starts-with-digit", {**make_job("1job").build()}, "metadata.name"),
     ("no-model", _without("model"), "spec.model"),
-    ("no-output", _without("output"), "spec.output"),
     ("model-both", make_job("x").set("model", {"name": "bert", "path": "/m"}).build(), "spec.model"),
     ("dataset-neither", make_job("x").set("dataset", {"textField": "t"}).build(), "spec.dataset"),
     ("epochs-and-steps", make_job("x").set("training", {"epochs": 1, "maxSteps": 5}).build(), "spec.training"),

@@ -261,3 +261,63 @@ def test_without_a_runtime_a_job_runs_as_before() -> None:
 
 
 STARTED_TIME = read_job(job(dict(STARTED))).status.attempt_start_time
+
+
+def test_a_job_with_no_output_claim_and_no_runtime_to_give_one_is_refused_naming_the_field() -> None:
+    """The API server accepts a job without spec.output (its runtime may give the claim template); the operator
+    refuses it when the attempt would start and nothing gives one."""
+    wire = job()
+    del wire["spec"]["output"]
+    plan = decided(wire)
+    assert plan.status.state == "Failed" and plan.create == []
+    assert plan.status.failure is not None and plan.status.failure.reason == "InvalidSpec"
+    assert plan.status.failure.message.startswith("spec.output: set spec.output.claimName")
+    rt = runtime(template={"output": TEMPLATE["output"]})
+    given = decided(wire, observed=observed(rt))
+    assert given.status.state == "Created"
+    claim = next(o for o in given.create if o["kind"] == "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "ft-output" and claim["spec"]["resources"]["requests"]["storage"] == "1Ti"
+
+
+def test_a_namespace_runtime_cannot_widen_the_operators_allowlists() -> None:
+    """A FineTuneRuntime is written by the namespace's admins: what its template adds is judged by the operator's
+    (Helm) allowlists as the job's own would be; a ClusterFineTuneRuntime's is the platform's."""
+    helm = Settings(allowed_toleration_keys=("spot",), allowed_priority_classes=("batch",))
+    widening = {"podTemplate": {"tolerations": [{"operator": "Exists"}], "priorityClassName": "system-node-critical"}}
+    local = runtime("team", kind=NAMESPACED_KIND, template=widening)
+    plan = decided(
+        job(runtimeRef={"name": "team", "kind": NAMESPACED_KIND}),
+        observed=_observed_ns(local),
+        settings=helm,
+    )
+    assert plan.status.failure is not None and plan.create == []
+    assert "system-node-critical" in plan.status.failure.message
+    assert "Helm value guardrails.allowedPriorityClasses" in plan.status.failure.message
+    keyless = runtime("team", kind=NAMESPACED_KIND, template={"podTemplate": {"tolerations": [{"operator": "Exists"}]}})
+    refused = decided(
+        job(runtimeRef={"name": "team", "kind": NAMESPACED_KIND}), observed=_observed_ns(keyless), settings=helm
+    )
+    assert refused.status.failure is not None and "every taint" in refused.status.failure.message
+    platform = runtime(template=widening)
+    assert (
+        decided(job(runtimeRef={"name": "gpu"}), observed=observed(platform), settings=helm).status.state == "Created"
+    )
+
+
+def _observed_ns(obj: dict[str, Any]) -> Any:
+    from finetune_operator.admission import Observed
+
+    return Observed(runtime=choose(RuntimeRef(obj["metadata"]["name"], NAMESPACED_KIND), "ns", named=obj))
+
+
+def test_an_error_from_mixing_the_job_and_its_runtime_names_the_runtime() -> None:
+    rt = runtime(template={"resources": {"limits": {"nvidia.com/gpu": 1}}})
+    with pytest.raises(SpecError) as e:
+        resolve(base_spec(procsPerNode=4), Choice(read_runtime(rt), "spec.runtimeRef"), Settings())
+    assert e.value.field == "spec.procsPerNode" and "with ClusterFineTuneRuntime gpu (generation 3)'s template" in str(
+        e.value
+    )
+    own = base_spec(procsPerNode=4, resources={"limits": {"nvidia.com/gpu": 2}})
+    with pytest.raises(SpecError) as e:
+        resolve(own, Choice(read_runtime(rt), "spec.runtimeRef"), Settings())
+    assert "ClusterFineTuneRuntime" not in str(e.value)  # the job's own error
