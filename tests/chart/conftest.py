@@ -244,11 +244,14 @@ def monitoring_crds(cluster: Any, tools: Tools) -> Iterator[None]:
     yield
 
 
-CLUSTER_SCOPED_SHARED = ("customresourcedefinition/finetunejobs.finetune.dev",)
+CLUSTER_SCOPED_SHARED = tuple(
+    f"customresourcedefinition/{plural}.finetune.dev"
+    for plural in ("finetunejobs", "clusterfinetuneruntimes", "finetuneruntimes")
+)
 
 
 def adopt_shared(cluster: Any, release: str, namespace: str) -> None:
-    """Hand the FineTuneJob CRD that a previous release (kept by crds.keep) or `kubectl apply` left behind to
+    """Hand the CRDs that a previous release (kept by crds.keep) or `kubectl apply` left behind to
     ``release``, as a user adopting an existing CRD would (docs/install.md): Helm takes over objects that carry its
     ownership label and annotations."""
     for ref in CLUSTER_SCOPED_SHARED:

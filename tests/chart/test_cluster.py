@@ -380,9 +380,9 @@ MUST = [
     ("update", "finetunejobs.finetune.dev/finalizers"),
     ("get", "finetuneruntimes.finetune.dev"),
     ("list", "finetuneruntimes.finetune.dev"),
-    ("get", "clusterfinetuneruntimes.finetune.dev"),
-    ("list", "clusterfinetuneruntimes.finetune.dev"),
 ]
+# Cluster-scoped reads the operator must have in every mode: the cluster's runtimes, read when an attempt starts.
+CLUSTER_MUST = [("get", "clusterfinetuneruntimes.finetune.dev"), ("list", "clusterfinetuneruntimes.finetune.dev")]
 MUST_NOT = [
     ("get", "secrets"),
     ("list", "secrets"),
@@ -523,6 +523,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
             _matrix(cluster, rel, MUST, work, True)
             + _matrix(cluster, rel, MUST_NOT, work, False)
             + _matrix(cluster, rel, CLUSTER_MUST_NOT, None, False)
+            + _matrix(cluster, rel, CLUSTER_MUST, None, True)
             + _matrix(cluster, rel, [("list", "secrets")], None, False)
         )
         assert not problems, problems
@@ -644,6 +645,7 @@ def test_namespaced_scope_install_and_run(
             + _matrix(cluster, rel, MUST_NOT, a, False)
             + _matrix(cluster, rel, MUST, unwatched, False)
             + _matrix(cluster, rel, CLUSTER_MUST_NOT, None, False)
+            + _matrix(cluster, rel, CLUSTER_MUST, None, True)
             # no cluster-wide reads or writes at all in namespaced mode
             + _matrix(
                 cluster,

@@ -58,9 +58,11 @@ def test_progress_in_status_and_printer_columns(cluster, api_client, namespace, 
             "SAMPLES/S",
             "ETA",
             "EVAL-LOSS",
+            "RUNTIME",
         ]
         cols = row.split()
-        assert cols[1:5] == ["Running", "AllRanksRunning", "2/2", "0"] and cols[6:] == ["7/20", "25", "1m35s", "0.4321"]
+        assert cols[1:5] == ["Running", "AllRanksRunning", "2/2", "0"]
+        assert cols[6:] == ["7/20", "25", "1m35s", "0.4321"]  # and no runtime: the operator's own settings
         assert progress["learningRate"] == 3e-5
         # The next step moves the status along, and each step seen is a point of the curves in status.history.
         m.step.set(9)  # type: ignore[attr-defined]
