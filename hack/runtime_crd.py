@@ -201,6 +201,19 @@ def render(kind: str) -> str:
                                                 },
                                             },
                                         },
+                                        **(
+                                            {
+                                                "allowedNamespaces": {
+                                                    **LIST,
+                                                    "description": "The namespaces whose jobs may use this runtime "
+                                                    "(name it, or have it as their default); empty: every namespace. "
+                                                    "A runtime for one team's nodes, tolerations or priority class "
+                                                    "lists that team's namespaces.",
+                                                }
+                                            }
+                                            if kind == CLUSTER_KIND
+                                            else {}
+                                        ),
                                         "template": _template(job_spec),
                                         "guardrails": {
                                             "type": "object",

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -388,11 +388,14 @@ class FineTuneClient:
             return e.lines()
         if eff is None or eff.guardrails is None or eff.runtime is None:
             return []
-        meta = job["metadata"]
+        meta, layer = job["metadata"], eff.guardrails
+        if eff.values[0].source.startswith("Helm value"):
+            # The image is the operator's own (Helm values), which the user cannot read: the operator judges it.
+            layer = replace(layer, allowed_image_prefixes=())
         violation = guardrails.check(
             JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
             eff.spec,
-            eff.guardrails,
+            layer,
             own=parse_spec(job.get("spec") or {}, complete=False),
             origin=f"{eff.runtime.label}: spec.guardrails.{{}}",
             image_source=eff.values[0].source.replace("runtime:", f"{eff.runtime.label}:"),
@@ -414,7 +417,8 @@ class FineTuneClient:
         found: list[runtimes.Runtime] = []
         for kind, ns in ((runtimes.NAMESPACED_KIND, self.namespace), (runtimes.CLUSTER_KIND, None)):
             try:
-                found += [runtimes.read_runtime(o) for o in self.kube.list_runtimes(runtimes.PLURALS[kind], ns)]
+                listed = map(runtimes.read_runtime, self.kube.list_runtimes(runtimes.PLURALS[kind], ns))
+                found += [r for r in listed if r.allows(self.namespace)]
             except ApiError as e:
                 if e.code != 403:
                     raise

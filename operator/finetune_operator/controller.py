@@ -211,6 +211,8 @@ class Controller:
         """Reads for the checks before an attempt starts: the claims the job mounts, the namespace's use."""
         if job.spec is None:
             return Observed()  # decide() reports the spec error
+        if job.spec.suspend:
+            return Observed()  # a suspended job starts nothing: nothing to read (two LISTs per resync otherwise)
         choice = self.kube.runtime_choice(job.ref.namespace, job.spec.runtime_ref)
         try:
             spec = runtimes.resolve(job.raw_spec, choice, self.settings).spec  # its claims: the runtime may name some

@@ -157,7 +157,9 @@ def check(
             f"({source}) is outside the allowlist; {allowed}: ask the platform team to "
             "fix its images, or set spec.image to an allowed image",
         )
-    if settings.allowed_image_prefixes and (pinned := _pins_images(own, origin)) is not None:
+    # Code-loading env and mounts over the image's code are judged on the whole effective spec, a runtime's values too:
+    # env from a ConfigMap and volumes are looked up in the job's namespace, where the tenant writes them.
+    if settings.allowed_image_prefixes and (pinned := _pins_images(spec, origin)) is not None:
         return pinned
     pt, classes, where = own.pod_template, settings.allowed_priority_classes, origin.format("allowedPriorityClasses")
     for refused in (

@@ -161,6 +161,7 @@ class Kube:
         self.api = api
         self.requests: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._runtimes_forbidden: set[str] = set()
 
     def _count(self, verb: str) -> None:
         with self._lock:
@@ -301,12 +302,32 @@ class Kube:
         if ref is not None:
             plural = runtimes.PLURALS[ref.kind]
             ns = namespace if ref.kind == runtimes.NAMESPACED_KIND else None
-            return runtimes.choose(ref, namespace, named=self.get_runtime(plural, ns, ref.name))
+            try:
+                named = self.get_runtime(plural, ns, ref.name)
+            except ApiError as e:
+                if e.code != 403:
+                    raise
+                return runtimes.Choice(
+                    None,
+                    "spec.runtimeRef",
+                    f"spec.runtimeRef: {ref.kind} {ref.name!r} cannot be read ({e.message[:200]}): grant get and list "
+                    f"on {plural} (the chart does)",
+                )
+            return runtimes.choose(ref, namespace, named=named)
+        found = {}
+        for kind, ns in ((runtimes.NAMESPACED_KIND, namespace), (runtimes.CLUSTER_KIND, None)):
+            try:
+                found[kind] = self.list_runtimes(runtimes.PLURALS[kind], ns)
+            except ApiError as e:
+                if e.code != 403:
+                    raise
+                # Not granted (a custom RBAC set-up): no default of this kind, said once in the log.
+                if kind not in self._runtimes_forbidden:
+                    self._runtimes_forbidden.add(kind)
+                    log.warning("may not list %s (%s): jobs that name none run without a default", kind, e.message)
+                found[kind] = []
         return runtimes.choose(
-            None,
-            namespace,
-            namespaced=self.list_runtimes(runtimes.PLURALS[runtimes.NAMESPACED_KIND], namespace),
-            cluster=self.list_runtimes(runtimes.PLURALS[runtimes.CLUSTER_KIND]),
+            None, namespace, namespaced=found[runtimes.NAMESPACED_KIND], cluster=found[runtimes.CLUSTER_KIND]
         )
 
     # -- writes --------------------------------------------------------------------------------------

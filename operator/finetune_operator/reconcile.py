@@ -270,6 +270,9 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     # The runtime is read, and the platform's guardrails are checked, when an attempt is admitted: a change to them
     # (or an operator upgrade with new rules) applies to the next attempt, never to one that runs.
     choice = observed.runtime or runtimes.Choice(None, "none")
+    if (gone := runtimes.gone_since_last(p.job.status.runtime, choice)) is not None:
+        _runtime_gone(p, gang, gone)
+        return
     try:
         eff = runtimes.resolve(p.job.raw_spec, choice, p.settings)
     except SpecError as e:
@@ -323,6 +326,23 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         f"attempt {st.attempt}: created {spec.nodes} trainer pod(s) "
         f"({spec.nodes} node(s) x {spec.procs_per_node} process(es)){runtime}",
     )
+
+
+def _runtime_gone(p: _Pass, gang: Gang, message: str) -> None:
+    """The runtime the previous attempt ran with is gone: waited for, since a Helm upgrade or a GitOps sync re-creates
+    it, for up to the operator's waiting timeout; then the job fails (RuntimeNotFound)."""
+    before = p.job.status.condition("Created")
+    waiting = before is not None and not before.status and before.reason == "RuntimeNotFound"
+    since = before.last_transition_time if waiting and before is not None else p.now
+    waited = (p.now - since).total_seconds()
+    if waited >= p.settings.waiting_timeout_seconds:
+        _refuse(p, gang.mine, reason="RuntimeNotFound", message=f"{message} (waited {waited:.0f}s for it)")
+        return
+    _wait_to_create(p, "RuntimeNotFound", f"{message}; the next attempt waits for it (a Helm upgrade re-creates it)")
+    created = p.st.condition("Created")
+    if created is not None and not waiting:
+        created.last_transition_time = p.now  # the wait starts now, whatever Created said before
+    p.plan.requeue_after = min(5.0, p.settings.waiting_timeout_seconds - waited)
 
 
 def _guardrails(p: _Pass, eff: runtimes.Effective) -> guardrails.Violation | None:

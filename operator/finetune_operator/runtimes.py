@@ -93,6 +93,10 @@ class Runtime:
     images: dict[str, str] = field(default_factory=dict)
     template: dict[str, Any] = field(default_factory=dict)
     guardrails: dict[str, Any] = field(default_factory=dict)
+    allowed_namespaces: tuple[str, ...] = ()  # a ClusterFineTuneRuntime's: the namespaces whose jobs may use it
+
+    def allows(self, namespace: str) -> bool:
+        return not self.allowed_namespaces or namespace in self.allowed_namespaces
 
     @property
     def label(self) -> str:
@@ -117,6 +121,7 @@ def read_runtime(obj: dict[str, Any]) -> Runtime:
         images={k: str(v) for k, v in (spec.get("images") or {}).items() if v},
         template=dict(spec.get("template") or {}),
         guardrails=dict(spec.get("guardrails") or {}),
+        allowed_namespaces=tuple(spec.get("allowedNamespaces") or ()),
     )
 
 
@@ -152,14 +157,37 @@ def choose(
     if ref is not None:
         if named is None:
             return Choice(None, "spec.runtimeRef", not_found(ref, namespace))
-        return Choice(read_runtime(named), "spec.runtimeRef")
+        chosen = read_runtime(named)
+        if not chosen.allows(namespace):
+            return Choice(
+                None,
+                "spec.runtimeRef",
+                f"spec.runtimeRef: {chosen.kind} {chosen.name!r} is not for namespace {namespace} (its "
+                f"spec.allowedNamespaces: {', '.join(chosen.allowed_namespaces)}); `finetune runtimes` lists those "
+                "this namespace may name",
+            )
+        return Choice(chosen, "spec.runtimeRef")
     for listed, how in ((namespaced, "the namespace's default"), (cluster, "the cluster's default")):
-        defaults = [r for r in map(read_runtime, listed) if r.default]
+        defaults = [r for r in map(read_runtime, listed) if r.default and r.allows(namespace)]
         if defaults:
             newest = max(defaults, key=lambda r: (r.created, r.name))
             note = f" (newest of {len(defaults)} defaults)" if len(defaults) > 1 else ""
             return Choice(newest, how + note)
     return Choice(None, "none")
+
+
+def gone_since_last(record: dict[str, Any] | None, choice: Choice) -> str | None:
+    """Why the next attempt should wait rather than start: the runtime the previous attempt ran with (``record``,
+    status.runtime) is gone, the one the job names or the default it had (an attempt without it would silently run
+    without its images, resources and limits). None: start, with ``choice``."""
+    if not record or not record.get("name"):
+        return None
+    was = f"{record.get('kind')} {record['name']!r}"
+    if choice.error is not None and choice.error.startswith(f"spec.runtimeRef: {was} does not exist"):
+        return choice.error
+    if choice.runtime is None and choice.error is None and "default" in str(record.get("chosenBy")):
+        return f"the default runtime the previous attempt ran with, {was}, is gone and no other default exists"
+    return None
 
 
 # -- the merge --------------------------------------------------------------------------------------------------
@@ -199,9 +227,26 @@ def _present(raw: dict[str, Any], path: str) -> bool:
     return value not in (None, {}, [])
 
 
+def _resources_left(raw: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    """The template with the resources the job names in either of its maps left out of both: a job that sets
+    ``limits.memory`` takes no ``requests.memory`` from its runtime (it could be above the job's limit)."""
+    mine = set()
+    for section in ("limits", "requests"):
+        mine |= set(_at(raw, f"resources.{section}") or {})
+    if not mine or not isinstance(template.get("resources"), dict):
+        return template
+    out = dict(template)
+    out["resources"] = {
+        section: {k: v for k, v in (values or {}).items() if k not in mine}
+        for section, values in template["resources"].items()
+    }
+    return out
+
+
 def merge(raw: dict[str, Any], template: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The job's raw spec with the template's fields filled in (the precedence rule above), and for each template
     field that has a value, where it came from: ``job``, ``runtime`` or ``job + runtime``."""
+    template = _resources_left(raw, template)
     out, sources = copy.deepcopy(raw), {}
     for path in TEMPLATE_FIELDS:
         mine, theirs = _present(raw, path), _present(template, path)
@@ -329,7 +374,10 @@ def resolve(raw: dict[str, Any], choice: Choice, settings: Settings) -> Effectiv
             ort_image=runtime.images.get("ort", settings.ort_image),
         )
     values = [_image(spec, runtime, settings)]
-    for path, source in sources.items():
+    for template_path, source in sources.items():
+        path = template_path
+        if path == "output.volumeClaimTemplate" and _at(merged, path) is None:
+            path = "output.claimName"  # the job names an existing claim
         values.append(
             Value(
                 f"spec.{path}",
@@ -366,10 +414,15 @@ def record(eff: Effective, attempt: int) -> dict[str, Any]:
 
 def spec_of(wire: dict[str, Any]) -> JobSpec:
     """A FineTuneJob's spec as its current attempt runs it: merged with the runtime template it was admitted with
-    (``status.runtime``); before any admission, the job's own spec (an output claim may still come from a runtime).
+    (``status.runtime``, while that attempt is the current one and created); otherwise the job's own spec (an output
+    claim may still come from a runtime).
     Raises :class:`SpecError`."""
-    raw = wire.get("spec") or {}
-    admitted = (wire.get("status") or {}).get("runtime")
-    if not isinstance(admitted, dict):
+    raw, status = wire.get("spec") or {}, wire.get("status") or {}
+    admitted = status.get("runtime")
+    if not (
+        isinstance(admitted, dict)
+        and admitted.get("attempt") == status.get("attempt", 0)
+        and bool(status.get("attemptStartTime"))
+    ):  # not admitted yet, or between attempts: the next one reads its runtime again
         return parse_spec(raw, complete=False)
     return parse_spec(merge(raw, admitted.get("template") or {})[0])

@@ -453,7 +453,8 @@ NAMESPACE_ADMIN = [
 
 def _allowed(cluster: Any, user: str, namespace: str, rows: list[tuple[str, str, bool]]) -> bool:
     def can(verb: str, res: str) -> bool:
-        out = cluster.run_kubectl("auth", "can-i", verb, res, f"--as={user}", "-n", namespace, check=False).split()
+        where = ["--all-namespaces"] if res.startswith("cluster") else ["-n", namespace]  # cluster-scoped: no namespace
+        out = cluster.run_kubectl("auth", "can-i", verb, res, f"--as={user}", *where, check=False).split()
         return bool(out) and out[0] == "yes"
 
     return all(can(verb, res) is want for verb, res, want in rows)

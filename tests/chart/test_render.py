@@ -504,3 +504,5 @@ def test_the_chart_ships_its_runtimes_with_its_trainer_images(helm: Helm) -> Non
     assert not find(helm.render({"runtimes": {"create": False}}), "ClusterFineTuneRuntime")
     with pytest.raises(AssertionError, match="/runtimes/default"):
         helm.render({"runtimes": {"default": "tpu"}})
+    with pytest.raises(AssertionError, match=r'runtimes\.default is "gpu" but the chart does not install that runtime'):
+        helm.render({"runtimes": {"default": "gpu", "gpu": {"enabled": False}}})

@@ -51,6 +51,11 @@ class Runtimes:
 
 
 @pytest.fixture
+def operator_env() -> dict[str, str]:
+    return {"FINETUNE_WAITING_TIMEOUT_SECONDS": "10"}  # how long a next attempt waits for a runtime that went away
+
+
+@pytest.fixture
 def rts(api: client.ApiClient, ns: str) -> Iterator[Runtimes]:
     r = Runtimes(api, ns)
     yield r
@@ -158,12 +163,26 @@ def test_an_edited_runtime_leaves_the_running_attempt_alone_and_the_next_one_use
     assert second[0].spec.node_selector == {"pool": "h100"}
     record = jobs.status("edit")["runtime"]
     assert (record["attempt"], record["generation"]) == (1, 2)
-    # deleted: the attempt that runs goes on; the next one cannot start, and the job says why
+    # deleted, as a Helm upgrade of the chart's runtimes does for a moment: the attempt that runs goes on; the next one
+    # waits for it and starts when it is back
     rts.delete_all()
     jobs.core.delete_namespaced_pod(second[0].metadata.name, jobs.ns, grace_period_seconds=0)
+    waiting = wait_for(
+        lambda: (c := jobs.condition("edit", "Created")) and c["reason"] == "RuntimeNotFound" and c,
+        timeout=60,
+        what="the next attempt waiting for its runtime",
+    )
+    assert "does not exist" in waiting["message"] and jobs.live_pods("edit") == []
+    rts.create(CLUSTER, "pool", GPU_POOL)
+    third = jobs.wait_pods("edit", 2, attempt=2, timeout=90)
+    assert third[0].spec.node_selector == {"pool": "a100"} and jobs.status("edit")["runtime"]["generation"] == 1
+    # gone for longer than the operator's waiting timeout (10 s here): the job fails and says why
+    rts.delete_all()
+    jobs.core.delete_namespaced_pod(third[0].metadata.name, jobs.ns, grace_period_seconds=0)
     status = jobs.wait_state("edit", "Failed", timeout=90)
     assert status["failure"]["reason"] == "RuntimeNotFound"
     assert "spec.runtimeRef: ClusterFineTuneRuntime 'pool' does not exist" in status["failure"]["message"]
+    assert "waited" in status["failure"]["message"]
 
 
 def test_the_client_shows_effective_values_and_checks_the_runtime_before_submitting(jobs: Jobs, rts: Runtimes) -> None:
@@ -184,3 +203,20 @@ def test_the_client_shows_effective_values_and_checks_the_runtime_before_submitt
     _, errors = ftc.check(make_job("typo").set("runtimeRef", {"name": "pol"}).build())
     assert any("spec.runtimeRef" in e and "'pol' does not exist" in e for e in errors), errors
     assert [(r.kind, r.name) for r in ftc.runtimes()] == [("ClusterFineTuneRuntime", "pool")]
+
+
+def test_a_cluster_runtime_kept_to_some_namespaces_and_an_output_that_cannot_come_or_go(
+    jobs: Jobs, rts: Runtimes, operator: None
+) -> None:
+    rts.create(CLUSTER, "team-b-only", {**GPU_POOL, "allowedNamespaces": ["team-b"]})
+    jobs.create(make_job("elsewhere").set("runtimeRef", {"name": "team-b-only"}).build())
+    status = jobs.wait_state("elsewhere", "Failed")
+    assert status["failure"]["reason"] == "RuntimeNotFound"
+    assert f"is not for namespace {jobs.ns}" in status["failure"]["message"] and jobs.pods("elsewhere") == []
+    # spec.output may be left out for the runtime's claim template, but never added or removed later: the next
+    # attempt would lose its checkpoints
+    with pytest.raises(ApiException) as e:
+        jobs.co.patch_namespaced_custom_object(
+            GROUP, VERSION, jobs.ns, "finetunejobs", "elsewhere", [{"op": "remove", "path": "/spec/output"}]
+        )
+    assert e.value.status == 422 and "spec.output is immutable" in e.value.body

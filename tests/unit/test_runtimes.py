@@ -3,16 +3,19 @@ what an attempt records, decided through the same pure core the controller runs.
 
 from __future__ import annotations
 
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from finetune_operator import runtimes
 from finetune_operator.runtimes import CLUSTER_KIND, NAMESPACED_KIND, Choice, choose, merge, read_runtime, resolve
 from finetune_operator.settings import Settings
 from finetune_operator.spec import RuntimeRef, SpecError
 from finetune_operator.state import read_job
 
-from tests.unit.factories import STARTED, base_spec, decided, job, running
+from tests.unit.factories import NOW, STARTED, base_spec, decided, job, running
 
 pytestmark = pytest.mark.unit
 
@@ -203,10 +206,122 @@ def test_an_edited_runtime_applies_to_the_next_attempt_never_to_the_running_one(
         nxt.status.runtime is not None and nxt.status.runtime["generation"] == 4 and nxt.status.runtime["attempt"] == 1
     )
     assert trainer_pods(nxt)[0]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-b"
-    gone = decided(job(failed.status, runtimeRef={"name": "gpu"}, nodes=2), observed=observed(None))
-    assert gone.status.state == "Failed" and gone.create == []
-    assert gone.status.failure is not None and gone.status.failure.reason == "RuntimeNotFound"
-    assert "spec.runtimeRef" in gone.status.failure.message and "does not exist" in gone.status.failure.message
+
+
+def test_a_runtime_gone_between_attempts_is_waited_for_then_the_job_fails() -> None:
+    """A Helm upgrade (or a GitOps sync) deletes and re-creates the chart's runtimes: an attempt that would start in
+    between waits, up to the operator's waiting timeout, rather than failing or running without the runtime. A name
+    that never existed fails at once."""
+    typo = decided(job(runtimeRef={"name": "gpu"}), observed=observed(None))
+    assert typo.status.state == "Failed" and typo.status.failure is not None
+    assert typo.status.failure.reason == "RuntimeNotFound" and "does not exist" in typo.status.failure.message
+    first = decided(job(runtimeRef={"name": "gpu"}, nodes=2), observed=observed(runtime(template=TEMPLATE)))
+    st = first.status
+    st.state, st.attempt_start_time = "Running", STARTED_TIME
+    failed = decided(job(st, runtimeRef={"name": "gpu"}, nodes=2), [running(0), running(1, phase="Failed", code=1)])
+    settings = Settings(waiting_timeout_seconds=60)
+    gone = decided(job(failed.status, runtimeRef={"name": "gpu"}, nodes=2), observed=observed(None), settings=settings)
+    assert gone.status.state == "Restarting" and gone.create == []  # failure: the last attempt's, kept
+    created = gone.status.condition("Created")
+    assert created is not None and (created.status, created.reason) == (False, "RuntimeNotFound")
+    assert "waits for it" in created.message and gone.requeue_after is not None and gone.requeue_after <= 5
+    later = decided(
+        job(gone.status, runtimeRef={"name": "gpu"}, nodes=2),
+        observed=observed(None),
+        settings=settings,
+        now=NOW + timedelta(seconds=30),
+    )
+    assert later.status.state == "Restarting" and later.create == []
+    back = decided(job(later.status, runtimeRef={"name": "gpu"}, nodes=2), observed=observed(runtime(generation=1)))
+    assert back.status.state == "Created" and back.status.runtime is not None and back.status.runtime["generation"] == 1
+    timed_out = decided(
+        job(later.status, runtimeRef={"name": "gpu"}, nodes=2),
+        observed=observed(None),
+        settings=settings,
+        now=NOW + timedelta(seconds=61),
+    )
+    assert timed_out.status.state == "Failed" and timed_out.status.failure is not None
+    assert timed_out.status.failure.reason == "RuntimeNotFound" and "waited 61s" in timed_out.status.failure.message
+
+
+def test_a_default_runtime_gone_between_attempts_is_waited_for_another_default_is_taken() -> None:
+    from finetune_operator.admission import Observed
+
+    def defaults(*found: dict[str, Any]) -> Any:
+        return Observed(runtime=choose(None, "ns", cluster=list(found)))
+
+    first = decided(job(nodes=2), observed=defaults(runtime(default=True, template=TEMPLATE)))
+    assert first.status.runtime is not None and first.status.runtime["chosenBy"] == "the cluster's default"
+    st = first.status
+    st.state, st.attempt_start_time = "Running", STARTED_TIME
+    failed = decided(job(st, nodes=2), [running(0), running(1, phase="Failed", code=1)])
+    none_left = decided(job(failed.status, nodes=2), observed=defaults())
+    waiting = none_left.status.condition("Created")
+    assert none_left.create == [] and waiting is not None and waiting.reason == "RuntimeNotFound"
+    other = decided(job(failed.status, nodes=2), observed=defaults(runtime("l4", default=True)))
+    assert other.status.state == "Created" and other.status.runtime is not None and other.status.runtime["name"] == "l4"
+
+
+def test_between_attempts_a_job_reads_as_its_own_spec_not_the_last_attempts_runtime() -> None:
+    """A suspended job that switches runtimes is not judged by the template of the attempt that ended."""
+    first = decided(job(runtimeRef={"name": "gpu"}), observed=observed(runtime(template={"shmSize": "64Gi"})))
+    st = first.status
+    st.state, st.attempt_start_time = "Running", STARTED_TIME
+    suspended = decided(job(st, runtimeRef={"name": "gpu"}, suspend=True), [running(0)])
+    assert suspended.status.state == "Suspended"
+    switched = job(suspended.status, runtimeRef={"name": "l4"}, suspend=True, resources={"limits": {"memory": "40Gi"}})
+    assert read_job(switched).spec is not None  # 64Gi of shm over a 40Gi limit would have been refused
+    assert decided(switched).status.state == "Suspended"
+
+
+def test_a_resource_the_job_names_takes_nothing_from_the_runtime_in_either_map() -> None:
+    template = {
+        "resources": {"limits": {"nvidia.com/gpu": 8, "memory": "900Gi"}, "requests": {"cpu": "64", "memory": "900Gi"}}
+    }
+    merged, _ = merge(base_spec(resources={"limits": {"nvidia.com/gpu": 1, "memory": "100Gi"}}), template)
+    assert merged["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "100Gi"}, "requests": {"cpu": "64"}}
+
+
+def test_a_cluster_runtime_may_be_kept_to_some_namespaces() -> None:
+    team = runtime("team-a-h100", allowedNamespaces=["team-a"], default=True)
+    refused = choose(RuntimeRef("team-a-h100"), "ns", named=team)
+    assert refused.runtime is None and refused.error is not None and "is not for namespace ns" in refused.error
+    assert choose(RuntimeRef("team-a-h100"), "team-a", named=team).runtime is not None
+    assert choose(None, "ns", cluster=[team]) == Choice(None, "none")  # nor its default elsewhere
+
+
+def test_with_an_image_allowlist_a_runtimes_code_loading_env_is_refused_too() -> None:
+    """Env from a ConfigMap and volumes are read in the job's namespace, where the tenant writes them: the image pins
+    judge the effective spec, a cluster runtime's values included."""
+    rt = runtime(
+        template={"env": [{"name": "LD_LIBRARY_PATH", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]}
+    )
+    helm = Settings(allowed_image_prefixes=("registry.corp/ml",), default_image="registry.corp/ml/trainer:1")
+    plan = decided(job(runtimeRef={"name": "gpu"}), observed=observed(rt), settings=helm)
+    assert plan.status.failure is not None and "spec.env[0].name: LD_LIBRARY_PATH" in plan.status.failure.message
+
+
+def test_no_field_a_template_may_set_has_an_api_server_default() -> None:
+    """A default the API server fills in counts as set by the job: the runtime's value would never apply. (A parent
+    object may default to {}: that sets none of its fields.)"""
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "finetune.dev_finetunejobs.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for path in runtimes.TEMPLATE_FIELDS:
+        node, parts = spec, path.split(".")
+        for depth, part in enumerate(parts):
+            node = node["properties"][part]
+            leaf = depth == len(parts) - 1
+            assert "default" not in node or (not leaf and node["default"] == {}), path
+
+
+def test_namespace_totals_count_the_gpus_a_runtime_gave_an_admitted_job() -> None:
+    from finetune_operator.admission import usage_of
+
+    first = decided(job(runtimeRef={"name": "gpu"}, nodes=2), observed=observed(runtime(template=TEMPLATE)))
+    other = job(first.status, runtimeRef={"name": "gpu"}, nodes=2, uid="uid-2")
+    other["status"]["state"] = "Created"
+    held = usage_of([other], exclude_uid="uid-1")
+    assert (held.jobs, held.nodes, held.gpus) == (1, 2, 16)
 
 
 def test_both_guardrail_layers_apply_and_name_where_they_are_set() -> None:
