@@ -397,8 +397,8 @@ class FineTuneClient:
             eff.spec,
             layer,
             own=parse_spec(job.get("spec") or {}, complete=False),
-            origin=f"{eff.runtime.label}: spec.guardrails.{{}}",
-            image_source=eff.values[0].source.replace("runtime:", f"{eff.runtime.label}:"),
+            origin=eff.guardrails_origin,
+            image_source=eff.image_source,
         )
         return [violation.message] if violation else []
 

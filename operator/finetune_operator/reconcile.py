@@ -33,7 +33,7 @@ from finetune_operator.failures import Failure
 from finetune_operator.kueue import WorkloadState, group_name, read_workload
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
 from finetune_operator.settings import Settings
-from finetune_operator.spec import JobSpec, SpecError, parse_spec
+from finetune_operator.spec import JobSpec, SpecError
 from finetune_operator.state import Gang, Job, PodState
 from finetune_operator.status import (
     CREATED,
@@ -278,7 +278,7 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     except SpecError as e:
         _refuse(p, gang.mine, reason="RuntimeNotFound" if choice.error else "InvalidSpec", message=str(e))
         return
-    violation = _guardrails(p, eff)
+    violation = _guardrails(p, spec, eff)  # spec: the job's own (no attempt is current: runtimes.spec_of)
     if violation is not None:
         _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
         return
@@ -345,17 +345,16 @@ def _runtime_gone(p: _Pass, gang: Gang, message: str) -> None:
     p.plan.requeue_after = min(5.0, p.settings.waiting_timeout_seconds - waited)
 
 
-def _guardrails(p: _Pass, eff: runtimes.Effective) -> guardrails.Violation | None:
+def _guardrails(p: _Pass, own: JobSpec, eff: runtimes.Effective) -> guardrails.Violation | None:
     """The operator's guardrails, then the runtime's: a job must pass both layers. A runtime's allowlists judge what
     the job itself asks for (what the runtime adds is its own); the operator's judge what a cluster runtime adds as
     the platform's own too, but a namespace's runtime (its admins write it) as the job's: it can only narrow them."""
-    own = parse_spec(p.job.raw_spec, complete=False)  # parsed before (state.read_job), so it parses
     tenant = eff.spec if eff.runtime is not None and eff.runtime.kind == runtimes.NAMESPACED_KIND else own
-    image_source = eff.values[0].source.replace("runtime:", f"{eff.runtime.label}:") if eff.runtime else None
-    found = guardrails.check(p.job.ref, eff.spec, eff.settings, own=tenant, image_source=image_source)
-    if found is None and eff.guardrails is not None and eff.runtime is not None:
-        origin = f"{eff.runtime.label}: spec.guardrails.{{}}"
-        found = guardrails.check(p.job.ref, eff.spec, eff.guardrails, own=own, origin=origin, image_source=image_source)
+    found = guardrails.check(p.job.ref, eff.spec, eff.settings, own=tenant, image_source=eff.image_source)
+    if found is None and eff.guardrails is not None:
+        found = guardrails.check(
+            p.job.ref, eff.spec, eff.guardrails, own=own, origin=eff.guardrails_origin, image_source=eff.image_source
+        )
     return found
 
 

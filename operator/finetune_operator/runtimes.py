@@ -32,7 +32,6 @@ from finetune_operator.spec import JobSpec, RuntimeRef, SpecError, parse_spec
 
 CLUSTER_KIND = "ClusterFineTuneRuntime"
 NAMESPACED_KIND = "FineTuneRuntime"
-KINDS = (CLUSTER_KIND, NAMESPACED_KIND)
 PLURALS = {CLUSTER_KIND: "clusterfinetuneruntimes", NAMESPACED_KIND: "finetuneruntimes"}
 DEFAULT_ANNOTATION = "finetune.dev/is-default-runtime"
 
@@ -135,6 +134,7 @@ class Choice:
     runtime: Runtime | None
     how: str  # spec.runtimeRef | the namespace's default | the cluster's default | none
     error: str | None = None
+    absent: tuple[str, str] | None = None  # (kind, name) of the named runtime that does not exist
 
 
 def not_found(ref: RuntimeRef, namespace: str) -> str:
@@ -156,7 +156,7 @@ def choose(
     """``named``: the object ``ref`` names (None: it does not exist); else the defaults among the listed runtimes."""
     if ref is not None:
         if named is None:
-            return Choice(None, "spec.runtimeRef", not_found(ref, namespace))
+            return Choice(None, "spec.runtimeRef", not_found(ref, namespace), absent=(ref.kind, ref.name))
         chosen = read_runtime(named)
         if not chosen.allows(namespace):
             return Choice(
@@ -182,9 +182,9 @@ def gone_since_last(record: dict[str, Any] | None, choice: Choice) -> str | None
     without its images, resources and limits). None: start, with ``choice``."""
     if not record or not record.get("name"):
         return None
-    was = f"{record.get('kind')} {record['name']!r}"
-    if choice.error is not None and choice.error.startswith(f"spec.runtimeRef: {was} does not exist"):
+    if choice.error is not None and choice.absent == (record.get("kind"), record["name"]):
         return choice.error
+    was = f"{record.get('kind')} {record['name']!r}"
     if choice.runtime is None and choice.error is None and "default" in str(record.get("chosenBy")):
         return f"the default runtime the previous attempt ran with, {was}, is gone and no other default exists"
     return None
@@ -287,7 +287,18 @@ class Effective:
     guardrails: Settings | None  # the runtime's guardrails alone; None: the runtime sets none
     runtime: Runtime | None
     how: str
-    values: tuple[Value, ...]
+    values: tuple[Value, ...]  # the image's first
+
+    @property
+    def image_source(self) -> str:
+        """Where the image comes from, the runtime named in full (for the guardrails' messages)."""
+        source = self.values[0].source
+        return source.replace("runtime:", f"{self.runtime.label}:") if self.runtime else source
+
+    @property
+    def guardrails_origin(self) -> str:
+        """Where the runtime's guardrails are set, a format string taking a guardrail's name (guardrails.check)."""
+        return f"{self.runtime.label}: spec.guardrails.{{}}" if self.runtime else ""
 
 
 def _show(value: Any, width: int = 100) -> str:
