@@ -8,7 +8,7 @@ contract"): headless Service ``J``, ConfigMap ``J-config`` with the trainer's co
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from finetune_operator import kueue
@@ -29,6 +29,8 @@ from finetune_operator.settings import (
 from finetune_operator.spec import CACHE_MOUNT, JobSpec
 
 CONTAINER = "trainer"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+PLACEHOLDER = "placeholder"  # the component of an elastic job's placeholder pods
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def common_labels(job: str, component: str) -> dict[str, str]:
         LABEL_JOB: job,
         "app.kubernetes.io/name": "finetune-trainer",
         "app.kubernetes.io/instance": job,
-        "app.kubernetes.io/component": component,
+        COMPONENT_LABEL: component,
         "app.kubernetes.io/managed-by": "finetune-operator",
     }
 
@@ -247,6 +249,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "activationCheckpointing": t.activation_checkpointing,
             "dpo": None if t.dpo is None else {"beta": t.dpo.beta, "lossType": t.dpo.loss_type},
             "kernels": t.kernels,
+            **({"globalBatchSize": t.global_batch_size} if t.global_batch_size is not None else {}),
         },
         "acceleration": spec.acceleration,
         "output": _output_config(ref, spec),
@@ -477,6 +480,45 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
         "metadata": _meta(ref, name, labels, annotations or None),
         "spec": pod_spec,
     }
+
+
+def placeholder_name(job: str, index: int) -> str:
+    return f"{job}-grow-{index}"
+
+
+def build_placeholder(
+    ref: JobRef, spec: JobSpec, *, index: int, count: int, attempt: int, settings: Settings
+) -> dict[str, Any]:
+    """One placeholder of an elastic job running below spec.nodes (finetune_operator.elastic): a pod that asks the
+    scheduler for what one more rank needs (the trainer pod's image, resources, node selector, tolerations, affinity,
+    and one node per rank for multi-node GPU jobs) and only sleeps. Once it runs, a node fits a rank: the operator grows
+    the gang and deletes it. It runs at the operator's placeholder PriorityClass, below the trainers, so anything that
+    needs the node preempts it; it mounts nothing, gets no env and no service account token."""
+    rank = spec.nodes + index  # as the rank it stands for: its affinity keeps it off the nodes the gang holds
+    pod = build_pod(ref, replace(spec, nodes=spec.nodes + count), rank=rank, attempt=attempt, settings=settings)
+    kueue_labels, kueue_annotations = kueue.pod_metadata(
+        spec.queue_name, ref.name, ref.uid, attempt, count, group=kueue.placeholder_group(ref.name, attempt, ref.uid)
+    )
+    labels = {
+        **spec.pod_template.labels,
+        **kueue_labels,
+        **common_labels(ref.name, PLACEHOLDER),
+        LABEL_ATTEMPT: str(attempt),
+    }
+    pod["metadata"] = _meta(ref, placeholder_name(ref.name, index), labels, kueue_annotations)
+    body = pod["spec"]
+    (container,) = body["containers"]
+    for key in ("env", "ports", "volumeMounts", "terminationMessagePolicy"):
+        container.pop(key, None)
+    container["command"] = ["sleep", "infinity"]
+    container["name"] = "placeholder"
+    for key in ("volumes", "hostname", "subdomain", "hostNetwork", "dnsPolicy", "serviceAccountName"):
+        body.pop(key, None)
+    body["automountServiceAccountToken"] = False
+    body["terminationGracePeriodSeconds"] = 1  # sleep, as PID 1, ignores SIGTERM: nothing to wait for
+    if settings.placeholder_priority_class:
+        body["priorityClassName"] = settings.placeholder_priority_class
+    return pod
 
 
 def build_pods(ref: JobRef, spec: JobSpec, *, attempt: int, settings: Settings) -> list[dict[str, Any]]:

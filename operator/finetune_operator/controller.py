@@ -379,6 +379,10 @@ class Controller:
             self.kube.delete_object(kind, namespace, obj_name)
         if plan.restart_reason:
             self.metrics.restarts.labels(finetune_namespace=namespace, reason=plan.restart_reason).inc()
+        if plan.resize is not None:
+            direction, steps = plan.resize
+            self.metrics.resizes.labels(finetune_namespace=namespace, direction=direction).inc()
+            self.metrics.steps_lost_to_resizes.labels(finetune_namespace=namespace).inc(steps)
         for ev in plan.events:
             self.kube.post_event(job.wire, type_=ev.type, reason=ev.reason, message=ev.message)
         if plan.delete_job:

@@ -39,11 +39,18 @@ def group_name(job: str, attempt: int, uid: str) -> str:
     return group
 
 
+def placeholder_group(job: str, attempt: int, uid: str) -> str:
+    """The pod group of an elastic job's placeholders while ``attempt`` runs (finetune_operator.elastic): a group, so a
+    Workload, of its own, which Kueue admits when the quota fits the ranks a grow would add."""
+    return f"{group_name(job, attempt, uid)[:61]}-g"
+
+
 def pod_metadata(
-    queue: str | None, job: str, uid: str, attempt: int, nodes: int
+    queue: str | None, job: str, uid: str, attempt: int, nodes: int, *, group: str | None = None
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(labels, annotations) that put an attempt's pods in one Kueue pod group, in LocalQueue ``queue`` if given."""
-    labels = {GROUP_LABEL: group_name(job, attempt, uid), **({QUEUE_LABEL: queue} if queue else {})}
+    """(labels, annotations) that put an attempt's pods in one Kueue pod group (``group``, else the attempt's), in
+    LocalQueue ``queue`` if given."""
+    labels = {GROUP_LABEL: group or group_name(job, attempt, uid), **({QUEUE_LABEL: queue} if queue else {})}
     return labels, {TOTAL_COUNT_ANNOTATION: str(nodes), RETRIABLE_ANNOTATION: "false"}
 
 

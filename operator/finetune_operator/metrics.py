@@ -41,6 +41,20 @@ class OperatorMetrics:
             ["finetune_namespace", "reason"],
             registry=self.registry,
         )
+        # An elastic job's resizes (Shrunk, Grown) and the steps they threw away (trained since the newest checkpoint
+        # the operator saw: an upper bound for a grow, whose gang checkpoints at its agreed step).
+        self.resizes = Counter(
+            "finetune_operator_resizes_total",
+            "Elastic gang resizes by namespace and direction (Shrunk, Grown)",
+            ["finetune_namespace", "direction"],
+            registry=self.registry,
+        )
+        self.steps_lost_to_resizes = Counter(
+            "finetune_operator_resize_steps_lost_total",
+            "Optimizer steps trained since the newest checkpoint when an elastic gang was resized",
+            ["finetune_namespace"],
+            registry=self.registry,
+        )
         self.status_writes = Counter(
             "finetune_operator_status_writes_total", "FineTuneJob status writes", registry=self.registry
         )

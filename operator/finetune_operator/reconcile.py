@@ -18,15 +18,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from finetune_operator import admission, guardrails, history, runtimes
+from finetune_operator import admission, elastic, guardrails, history, runtimes
 from finetune_operator.admission import Observed
 from finetune_operator.builders import (
     build_config_map,
     build_network_policy,
     build_output_claim,
     build_pdb,
+    build_placeholder,
     build_pods,
     build_service,
+    placeholder_name,
     pod_name,
 )
 from finetune_operator.failures import Failure
@@ -44,6 +46,7 @@ from finetune_operator.status import (
     SUCCEEDED,
     SUSPENDED,
     TERMINAL,
+    Elastic,
     Progress,
     Status,
     merge_progress,
@@ -79,6 +82,7 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     restart_reason: str | None = None  # for the operator's restarts-by-reason metric
+    resize: tuple[str, int] | None = None  # an elastic job's resize (Shrunk | Grown, steps lost): for the metrics
 
 
 @dataclass
@@ -164,7 +168,9 @@ def decide(
     st.observed_generation = job.generation
     observed = observed or Observed()
     p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st), lost_nodes=observed.lost_nodes)
-    _decide(p, Gang.of(pods, uid=job.ref.uid, attempt=st.attempt), progress, observed)
+    gang = Gang.of(pods, uid=job.ref.uid, attempt=st.attempt)
+    _decide(p, gang, progress, observed)
+    _placeholders(p, gang)
     # The gang's PodDisruptionBudget lives while the job can run: it goes when the job stops or finishes.
     if job.pdb_enabled and st.state != p.was and st.state in (*TERMINAL, SUSPENDED):
         p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
@@ -183,6 +189,8 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
         _refuse(p, gang.mine, reason="InvalidSpec", message=p.job.spec_error or "invalid spec")
         return
     p.st.ready_nodes, p.st.wanted_nodes = gang.running, spec.nodes
+    if spec.elastic is not None:
+        spec = elastic.sized(spec, _track_size(p, spec).current_nodes)  # the current attempt's size
     if spec.suspend:
         _suspend(p, spec, gang)
     elif _deadline_passed(p, spec, gang):
@@ -278,7 +286,7 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     except SpecError as e:
         _refuse(p, gang.mine, reason="RuntimeNotFound" if choice.error else "InvalidSpec", message=str(e))
         return
-    violation = _guardrails(p, spec, eff)  # spec: the job's own (no attempt is current: runtimes.spec_of)
+    violation = _guardrails(p, p.job.spec or spec, eff)  # the job's own (no attempt is current: runtimes.spec_of)
     if violation is not None:
         _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
         return
@@ -294,6 +302,8 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     if over is not None:
         _wait_quota(p, over.violation.message)
         return
+    if spec.elastic is not None:  # guardrails, claims and quota judged spec.nodes, the most the job runs on
+        spec = elastic.sized(spec, _track_size(p, spec).current_nodes)
     ref, present = p.job.ref, gang.ranks
     missing = [
         pod
@@ -388,9 +398,10 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         if progress is not None:
             st.progress = merge_progress(st.progress, progress, now=p.now)
             st.history = history.record(st.history, progress, attempt=st.attempt)
-        p.transition(
-            RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods running"
-        )
+        if not _grow(p, spec, gang):
+            p.transition(
+                RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods running"
+            )
     elif queued:
         _queued(p, gang, queue)
     else:
@@ -475,6 +486,8 @@ def _ranks_wait(p: _Pass, spec: JobSpec, gang: Gang) -> None:
         return
     rank, problem = problems[0]
     waited = (p.now - (st.attempt_start_time or p.now)).total_seconds()
+    if spec.elastic is not None and problem.reason == "Unschedulable" and _unschedulable(p, spec, gang, waited):
+        return
     if problem.fatal and waited >= p.settings.waiting_timeout_seconds:
         failure = Failure(problem.reason, f"rank {rank} waited {waited:.0f}s: {problem.message}").with_rank(
             rank, st.attempt, pod_name(p.job.ref.name, rank)
@@ -490,16 +503,177 @@ def _ranks_wait(p: _Pass, spec: JobSpec, gang: Gang) -> None:
         p.plan.requeue_after = max(1.0, p.settings.waiting_timeout_seconds - waited)
 
 
+# -- elastic jobs (finetune_operator.elastic) ---------------------------------------------------------------------
+
+
+def _track_size(p: _Pass, spec: JobSpec) -> Elastic:
+    """status.elastic of an elastic job (``spec``: the job's own, spec.nodes the most it runs on); the first pass sets
+    it at full size."""
+    assert spec.elastic is not None
+    if p.st.elastic is None:
+        batch = elastic.batch_at(spec, spec.nodes)
+        p.st.elastic = Elastic(
+            current_nodes=spec.nodes,
+            desired_nodes=spec.nodes,
+            min_nodes=spec.elastic.min_nodes,
+            gradient_accumulation_steps=batch.gradient_accumulation_steps,
+            global_batch_size=batch.global_batch_size,
+            asked_global_batch_size=batch.asked_global_batch_size,
+        )
+    return p.st.elastic
+
+
+def _resized(p: _Pass, spec: JobSpec, size: int, *, reason: str, why: str, lost_steps: int, event: bool) -> None:
+    """Record a resize decided now: the next attempt runs on ``size`` nodes (``spec``: the ending attempt's, sized)."""
+    full, el = p.job.spec, p.st.elastic
+    assert full is not None and el is not None
+    before, batch = elastic.batch_at(full, spec.nodes), elastic.batch_at(full, size)
+    el.current_nodes = size
+    el.gradient_accumulation_steps = batch.gradient_accumulation_steps
+    el.global_batch_size = batch.global_batch_size
+    el.resizes += 1
+    el.steps_lost_to_resizes += lost_steps
+    el.last_resize_time = p.now
+    el.last_resize = reason
+    el.placeholders_running, el.capacity_since = 0, None
+    kept = (
+        f"global batch {batch.global_batch_size} kept"
+        if batch.exact
+        else f"global batch {batch.global_batch_size} (asked {batch.asked_global_batch_size}: no whole accumulation "
+        "gives it at this size)"
+    )
+    message = (
+        f"{spec.nodes} -> {size} node(s) from attempt {p.st.attempt}: {why}; gradient accumulation "
+        f"{before.gradient_accumulation_steps} -> {batch.gradient_accumulation_steps}, {kept}"
+    )
+    p.st.set_condition("Resized", True, reason, message, now=p.now)
+    if event:
+        p.event("Normal" if reason == "Grown" else "Warning", reason, message)
+    p.plan.resize = (reason, lost_steps)
+
+
+def _resize(p: _Pass, spec: JobSpec, gang: Gang, size: int, *, reason: str, why: str, grace: int | None) -> None:
+    """End the attempt to run the next one on ``size`` nodes: neither a failure nor a disruption (no budget is used).
+    ``grace``: None lets the ranks agree on a step and checkpoint it (the pods' own grace period)."""
+    st = p.st
+    lost_steps = _close_attempt(p, spec, restarted=True)
+    st.attempt += 1
+    st.attempt_start_time = None
+    st.restart_requested_time = p.now
+    st.ready_nodes = 0
+    p.delete(gang.current, grace_seconds=grace)
+    _resized(p, spec, size, reason=reason, why=why, lost_steps=lost_steps, event=False)
+    created = p.st.condition("Resized")
+    p.transition(RESTARTING, reason, created.message if created else why, warning=reason != "Grown", always_event=True)
+    p.plan.requeue_after = 2.0
+
+
+def _lost_ranks(p: _Pass, spec: JobSpec, current: list[PodState]) -> set[int]:
+    """The ranks an ending attempt lost: disrupted (evicted, preempted, deleted), missing, or on a lost node."""
+    lost = set(range(spec.nodes)) - {pod.rank for pod in current}
+    for pod in current:
+        if (pod.failure is not None and pod.failure.disruption) or (pod.node and pod.node in p.lost_nodes):
+            lost.add(pod.rank)
+    return lost
+
+
+def _grow(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
+    """A running elastic gang below spec.nodes whose placeholders run (a node fits a rank again) grows, once the
+    cooldown since the last resize has passed: stopped at an agreed step, the next attempt has them added."""
+    full, el = p.job.spec, p.st.elastic
+    if full is None or full.elastic is None or el is None or spec.nodes >= full.nodes:
+        return False
+    running = [ph for ph in gang.placeholders if ph.running and ph.attempt == p.st.attempt]
+    if not running:
+        return False
+    if el.last_resize_time is not None:
+        wait = full.elastic.resize_cooldown_seconds - (p.now - el.last_resize_time).total_seconds()
+        if wait > 0:
+            p.plan.requeue_after = min(p.plan.requeue_after or wait, wait)
+            return False
+    if el.capacity_since is not None:  # GPUs the placeholders held without training
+        held = (p.now - el.capacity_since).total_seconds() * full.gpus_per_node * el.placeholders_running
+        el.idle_gpu_seconds = round(el.idle_gpu_seconds + held, 3)
+        p.st.gpu_seconds_used = round((p.st.gpu_seconds_used or 0) + held, 3)
+    size = elastic.grown(full, spec.nodes, len(running))
+    nodes = ", ".join(sorted({ph.node or "?" for ph in running}))
+    _resize(
+        p, spec, gang, size, reason="Grown", why=f"{len(running)} placeholder(s) running (node {nodes})", grace=None
+    )
+    return True
+
+
+def _unschedulable(p: _Pass, spec: JobSpec, gang: Gang, waited: float) -> bool:
+    """Ranks of an elastic attempt unschedulable for spec.elastic.unschedulableSeconds: the next attempt runs on the
+    ranks the scheduler placed, when they are at least minNodes; fewer, and the job waits, saying so. Whether the pass
+    is decided."""
+    full = p.job.spec
+    assert full is not None and full.elastic is not None
+    limit = full.elastic.unschedulable_seconds
+    if waited < limit:
+        p.plan.requeue_after = min(p.plan.requeue_after or limit, max(1.0, limit - waited))
+        return False
+    placed = sum(1 for pod in gang.current if pod.node and not pod.deleting)
+    if full.elastic.min_nodes <= placed < spec.nodes:
+        grace = max(1, min(spec.termination_grace_period_seconds, p.settings.failure_restart_grace_seconds))
+        why = f"{spec.nodes - placed} rank(s) unschedulable for {waited:.0f}s"
+        _resize(p, spec, gang, placed, reason="Shrunk", why=why, grace=grace)
+        return True
+    message = (
+        f"only {placed} of the attempt's {spec.nodes} rank(s) could be placed in {waited:.0f}s, fewer than "
+        f"spec.elastic.minNodes={full.elastic.min_nodes}: waiting for the scheduler to place "
+        f"{full.elastic.min_nodes - placed} more"
+    )
+    before = p.job.status.condition("Created")
+    p.st.set_condition("Created", True, "BelowMinNodes", message, now=p.now)
+    if before is None or before.reason != "BelowMinNodes":
+        p.event("Warning", "BelowMinNodes", message)
+    return True
+
+
+def _placeholders(p: _Pass, gang: Gang) -> None:
+    """An elastic job running below spec.nodes keeps one placeholder per missing rank (builders.build_placeholder);
+    any other placeholder goes (an earlier attempt's, or the job no longer running below its size)."""
+    full, st = p.job.spec, p.st
+    el = st.elastic
+    missing = 0
+    if full is not None and full.elastic is not None and el is not None and st.state == RUNNING:
+        missing = full.nodes - el.current_nodes
+    wanted = {placeholder_name(p.job.ref.name, i) for i in range(missing)}
+    keep = [ph for ph in gang.placeholders if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting]
+    p.delete([ph for ph in gang.placeholders if ph not in keep], grace_seconds=1)
+    if el is None:
+        return
+    running = sum(1 for ph in keep if ph.running)
+    if running and el.capacity_since is None:
+        el.capacity_since = p.now
+    elif not running:
+        el.capacity_since = None
+    el.placeholders_running = running
+    if not missing or full is None or p.plan.create:
+        return
+    held = {ph.name for ph in gang.placeholders}  # a name still held by a deleting one is created on a later pass
+    sized = elastic.sized(full, el.current_nodes)
+    p.plan.create = [
+        build_placeholder(p.job.ref, sized, index=i, count=missing, attempt=st.attempt, settings=p.settings)
+        for i in range(missing)
+        if placeholder_name(p.job.ref.name, i) not in held
+    ]
+    if any(ph.name not in {k.name for k in keep} for ph in gang.placeholders) or p.plan.create:
+        p.plan.requeue_after = min(p.plan.requeue_after or 2.0, 2.0)
+
+
 # -- endings ----------------------------------------------------------------------------------------------------
 
 
-def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
-    """Account the attempt that ends now: GPU-seconds used and, for a restart, the work thrown away."""
+def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> int:
+    """Account the attempt that ends now: GPU-seconds used and, for a restart, the work thrown away (the steps
+    returned)."""
     st = p.st
     if _leave_queue(p):  # never admitted: it used no GPU and trained nothing
-        return
+        return 0
     if st.attempt_start_time is None:
-        return
+        return 0
     seconds = (p.now - st.attempt_start_time).total_seconds()
     st.gpu_seconds_used = round(
         (st.gpu_seconds_used or 0)
@@ -507,7 +681,7 @@ def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
         3,
     )
     if not restarted or st.progress is None:
-        return
+        return 0
     lost = steps_lost(st.progress)
     global_batch = spec.training.per_device_batch_size * spec.world_size * spec.training.gradient_accumulation_steps
     steps_per_second = (st.progress.samples_per_second or 0) / max(1, global_batch)
@@ -532,6 +706,7 @@ def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> None:
         eta=None,
         update_time=p.now,
     )
+    return lost
 
 
 def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: Failure) -> None:
@@ -541,7 +716,7 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
     will_restart = not failure.permanent and (
         st.disruptions < limit if failure.disruption else st.restarts < spec.max_restarts
     )
-    _close_attempt(p, spec, restarted=will_restart)
+    lost_steps = _close_attempt(p, spec, restarted=will_restart)
     if not will_restart:
         if failure.disruption and not failure.permanent:
             failure = replace(
@@ -557,6 +732,10 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
         st.disruptions += 1
     else:
         st.restarts += 1
+    size = spec.nodes
+    if spec.elastic is not None and failure.disruption:
+        lost = _lost_ranks(p, spec, current)
+        size = elastic.after_loss(spec, spec.nodes, len(lost))
     st.failure = failure
     st.attempt += 1
     st.attempt_start_time = None
@@ -580,6 +759,17 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
         warning=True,
         always_event=True,
     )
+    if size < spec.nodes:
+        ranks = ", ".join(str(r) for r in sorted(lost))
+        _resized(
+            p,
+            spec,
+            size,
+            reason="Shrunk",
+            why=f"rank(s) {ranks} lost ({failure.reason})",
+            lost_steps=lost_steps,
+            event=True,
+        )
     p.plan.requeue_after = 2.0
 
 

@@ -139,6 +139,9 @@ class Settings:
     trainer_tolerations: tuple[dict[str, Any], ...] = ()  # added to the job's tolerations
     trainer_priority_class: str = ""  # when the job sets no priorityClassName
     trainer_image_pull_secrets: tuple[str, ...] = ()  # added to the job's imagePullSecrets
+    # An elastic job's placeholder pods (builders.build_placeholder) run at this PriorityClass, below every trainer's,
+    # so that they hold a node for a grow without ever keeping another workload from it; empty: the trainer's own.
+    placeholder_priority_class: str = ""
 
     def trainer_image(self, *, acceleration: str, image: str | None) -> str:
         """The trainer image of a job: its own ``spec.image``, else the ONNX Runtime image for ``ort`` (the only
@@ -196,6 +199,7 @@ class Settings:
             trainer_tolerations=tuple(_json_env("FINETUNE_TRAINER_TOLERATIONS", list, "a JSON list of tolerations")),
             trainer_priority_class=os.environ.get("FINETUNE_TRAINER_PRIORITY_CLASS", ""),
             trainer_image_pull_secrets=_list("FINETUNE_TRAINER_IMAGE_PULL_SECRETS"),
+            placeholder_priority_class=os.environ.get("FINETUNE_PLACEHOLDER_PRIORITY_CLASS", ""),
             run_as_user=_id("FINETUNE_TRAINER_RUN_AS_USER", cls.run_as_user),
             fs_group=_id("FINETUNE_TRAINER_FS_GROUP", cls.fs_group),
         )

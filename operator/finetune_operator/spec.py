@@ -242,6 +242,7 @@ class Training:
     activation_checkpointing: bool = False
     dpo: Dpo | None = None  # task dpo (defaults filled in there)
     kernels: str = "auto"  # "liger" (GPU only), "none", or "auto": where the trainer's auto table measured it faster
+    global_batch_size: int | None = None  # an elastic job's, as asked at spec.nodes (elastic.sized); None: not elastic
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,16 @@ class RuntimeRef:
 
     name: str
     kind: str = "ClusterFineTuneRuntime"  # or FineTuneRuntime, in the job's namespace
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """spec.elastic: the gang may run on fewer nodes than spec.nodes, down to ``min_nodes`` (finetune_operator.elastic,
+    docs/elastic.md). spec.nodes stays the size the job asks for, and the one quota and guardrails judge."""
+
+    min_nodes: int
+    resize_cooldown_seconds: int = 300  # the least time between a resize and a grow after it
+    unschedulable_seconds: int = 120  # ranks unschedulable this long: the next attempt runs on the ranks placed
 
 
 @dataclass(frozen=True)
@@ -350,6 +361,7 @@ class JobSpec:
     network: Network = field(default_factory=Network)
     pod_disruption_budget: bool = False
     runtime_ref: RuntimeRef | None = None
+    elastic: Elastic | None = None
 
     @property
     def world_size(self) -> int:
@@ -592,6 +604,29 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
         if key in MANAGED_TRAINING_ARGS:
             errors.add(f"{f}.extraArgs.{key}", f"is managed by the operator; set {MANAGED_TRAINING_ARGS[key]} instead")
     return training
+
+
+def _parse_elastic(spec: dict[str, Any], nodes: int, errors: _Errors) -> Elastic | None:
+    if spec.get("elastic") is None:
+        return None
+    e, f = errors.section(spec, "elastic", "spec.elastic"), "spec.elastic"
+    least = errors.number(e, "minNodes", f"{f}.minNodes", None, int)
+    if least is None:
+        if "minNodes" not in e:
+            errors.add(f"{f}.minNodes", "is required: the fewest nodes the job may train on (1 to spec.nodes)")
+        return None
+    if not 1 <= least <= nodes:
+        errors.add(
+            f"{f}.minNodes",
+            f"is {least} but must be between 1 and spec.nodes ({nodes}): spec.nodes is the most the job runs on",
+        )
+    cooldown = errors.number(e, "resizeCooldownSeconds", f"{f}.resizeCooldownSeconds", 300, int)
+    unschedulable = errors.number(e, "unschedulableSeconds", f"{f}.unschedulableSeconds", 120, int)
+    if cooldown < 0:
+        errors.add(f"{f}.resizeCooldownSeconds", f"must be 0 or more, got {cooldown}")
+    if unschedulable < 1:
+        errors.add(f"{f}.unschedulableSeconds", f"must be 1 or more, got {unschedulable}")
+    return Elastic(min_nodes=least, resize_cooldown_seconds=cooldown, unschedulable_seconds=unschedulable)
 
 
 def _parse_volumes(pt: dict[str, Any], cache: bool, errors: _Errors) -> tuple[ExtraVolume, ...]:
@@ -849,7 +884,9 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
         errors.add("spec.runtimeRef.name", "is required: the runtime's name (`finetune runtimes` lists them)")
     if ref and ref.get("kind", "ClusterFineTuneRuntime") not in ("ClusterFineTuneRuntime", "FineTuneRuntime"):
         errors.add("spec.runtimeRef.kind", f"{ref['kind']!r}: expected ClusterFineTuneRuntime or FineTuneRuntime")
+    elastic = _parse_elastic(spec, nodes, errors)
     job_spec = JobSpec(
+        elastic=elastic,
         runtime_ref=RuntimeRef(str(ref["name"]), str(ref.get("kind", "ClusterFineTuneRuntime")))
         if ref.get("name")
         else None,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from finetune_operator.builders import JobRef
+from finetune_operator.builders import COMPONENT_LABEL, PLACEHOLDER, JobRef
 from finetune_operator.failures import Failure, WaitingProblem, classify_pod, completion_result, waiting_problem
 from finetune_operator.kueue import QUEUE_LABEL, is_kueue_gate
 from finetune_operator.runtimes import spec_of
@@ -88,6 +88,7 @@ class PodState:
     finalizers: bool = False  # metadata.finalizers holds something (a deletion then waits for it)
     gated: bool = False  # held by Kueue's scheduling gates: queued, not admitted yet
     queue: str | None = None  # the LocalQueue Kueue queues it in (its label: spec.queueName, or Kueue's default)
+    placeholder: bool = False  # an elastic job's placeholder (builders.build_placeholder), not a rank
     # failures.completion_result: rank 0's summary of a succeeded run (not part of the pod's identity or hash)
     result: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
@@ -129,6 +130,7 @@ def read_pod(wire: dict[str, Any]) -> PodState:
         finalizers=bool(meta.get("finalizers")),
         gated=any(is_kueue_gate(str(g.get("name"))) for g in (wire.get("spec") or {}).get("schedulingGates") or []),
         queue=labels.get(QUEUE_LABEL),
+        placeholder=labels.get(COMPONENT_LABEL) == PLACEHOLDER,
         result=completion_result(wire),
     )
 
@@ -141,19 +143,22 @@ def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:
 class Gang:
     """A job's pods in buckets: the current attempt's by rank, earlier attempts', and a namesake's (controlled by
     another uid: a deleted job of the same name, never counted or deleted; the garbage collector removes them). A
-    labelled pod nobody controls (a `kubectl debug` copy, say) is none of these."""
+    labelled pod nobody controls (a `kubectl debug` copy, say) is none of these. An elastic job's own placeholders are
+    apart from the ranks (``placeholders``)."""
 
     current: list[PodState]
     stale: list[PodState]
     foreign: list[PodState]
+    placeholders: list[PodState] = field(default_factory=list)
 
     @classmethod
     def of(cls, pods: list[PodState], *, uid: str, attempt: int) -> Gang:
-        mine = [p for p in pods if p.owner_uid == uid]
+        mine = [p for p in pods if p.owner_uid == uid and not p.placeholder]
         return cls(
             current=sorted((p for p in mine if p.attempt == attempt), key=lambda p: p.rank),
             stale=[p for p in mine if p.attempt != attempt],
             foreign=[p for p in pods if p.owner_uid is not None and p.owner_uid != uid],
+            placeholders=sorted((p for p in pods if p.owner_uid == uid and p.placeholder), key=lambda p: p.name),
         )
 
     @property

@@ -106,6 +106,43 @@ def merge_progress(old: Progress | None, scraped: Progress, *, now: datetime) ->
 
 
 @dataclass
+class Elastic:
+    """``status.elastic``: an elastic job's size (finetune_operator.elastic). ``current_nodes`` is the size of the
+    current attempt (or, between attempts, of the next one); the batch fields are what that size trains with."""
+
+    current_nodes: int
+    desired_nodes: int
+    min_nodes: int
+    gradient_accumulation_steps: int
+    global_batch_size: int
+    asked_global_batch_size: int
+    resizes: int = 0
+    steps_lost_to_resizes: int = 0
+    idle_gpu_seconds: float = 0.0  # GPUs held without training: placeholders that ran before a grow
+    placeholders_running: int = 0
+    capacity_since: datetime | None = None  # since when a placeholder has run (the capacity a grow waits to use)
+    last_resize_time: datetime | None = None
+    last_resize: str | None = None  # Shrunk | Grown
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[camel(f.name)] = ts(value) if isinstance(value, datetime) else value
+        return out
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Elastic:
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = camel(f.name)
+            if d.get(key) is not None:
+                values[f.name] = parse_ts(d[key]) if f.name in ("capacity_since", "last_resize_time") else d[key]
+        return cls(**values)
+
+
+@dataclass
 class Condition:
     type: str
     status: bool
@@ -160,6 +197,7 @@ class Status:
     history: History | None = None
     conditions: list[Condition] = field(default_factory=list)
     runtime: dict[str, Any] | None = None  # what the current attempt was admitted with (runtimes.record)
+    elastic: Elastic | None = None  # an elastic job's size and batch
 
     # -- the wire form ------------------------------------------------------------------------------
 
@@ -194,6 +232,8 @@ class Status:
             out["conditions"] = [c.to_wire() for c in self.conditions]
         if self.runtime is not None:
             out["runtime"] = self.runtime
+        if self.elastic is not None:
+            out["elastic"] = self.elastic.to_wire()
         return out
 
     @classmethod
@@ -213,6 +253,7 @@ class Status:
             history=History.from_wire(d.get("history")),
             conditions=[Condition.from_wire(c) for c in d.get("conditions") or []],
             runtime=dict(d["runtime"]) if isinstance(d.get("runtime"), dict) else None,
+            elastic=Elastic.from_wire(d["elastic"]) if isinstance(d.get("elastic"), dict) else None,
         )
         for name in cls._TIMES:
             setattr(st, name, parse_ts(d.get(camel(name))))

@@ -13,6 +13,8 @@ OPERATOR_COUNTERS = {
     "finetune_operator_pods_deleted_total",
     "finetune_operator_gang_restarts_total",  # finetune_namespace, reason
     "finetune_operator_status_writes_total",
+    "finetune_operator_resizes_total",  # finetune_namespace, direction
+    "finetune_operator_resize_steps_lost_total",  # finetune_namespace
 }
 OPERATOR_GAUGES = {
     "finetune_operator_jobs",  # finetune_namespace, state
@@ -58,7 +60,7 @@ TRAINER_GAUGES = {
     "finetune_attempt",
 }
 TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}
-OPERATOR_LABELS = {"finetune_namespace", "state", "reason"}
+OPERATOR_LABELS = {"finetune_namespace", "state", "reason", "direction"}
 
 # Series from other exporters the bundle joins with (documented as optional dependencies).
 EXTERNAL = {

@@ -165,6 +165,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("sharding-unknown", make_job("x").set("training.sharding", "zero3").build(), "spec.training.sharding"),
     ("queue-name-not-a-label-value", make_job("x").set("queueName", "Team_A").build(), "spec.queueName"),
     ("queue-name-too-long", make_job("x").set("queueName", "q" * 64).build(), "spec.queueName"),
+    (
+        "elastic-min-above-nodes",
+        make_job("x").nodes(2).set("elastic", {"minNodes": 3}).build(),
+        "spec.elastic.minNodes",
+    ),
+    ("elastic-min-zero", make_job("x").nodes(2).set("elastic", {"minNodes": 0}).build(), "spec.elastic.minNodes"),
+    ("elastic-without-min", make_job("x").nodes(2).set("elastic", {"resizeCooldownSeconds": 60}).build(), "minNodes"),
+    (
+        "elastic-negative-cooldown",
+        make_job("x").nodes(2).set("elastic", {"minNodes": 1, "resizeCooldownSeconds": -1}).build(),
+        "spec.elastic.resizeCooldownSeconds",
+    ),
 ]
 
 
@@ -184,3 +196,23 @@ def test_immutable_fields_cannot_change(api_client, namespace) -> None:  # type:
         co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "imm", {"spec": {"nodes": 4}})
     assert "spec.nodes is immutable" in e.value.body
     co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "imm", {"spec": {"suspend": True}})
+
+
+def test_elastic_range_is_fixed_once_the_job_exists(api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    """spec.elastic can be neither added, removed nor changed: the attempts' sizes and batches follow it."""
+    co = client.CustomObjectsApi(api_client)
+    co.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, make_job("el").nodes(2).set("elastic", {"minNodes": 1}).build()
+    )
+    created = co.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "el")
+    assert created["spec"]["elastic"] == {"minNodes": 1, "resizeCooldownSeconds": 300, "unschedulableSeconds": 120}
+    for patch in ({"spec": {"elastic": {"minNodes": 2}}}, {"spec": {"elastic": None}}):
+        with pytest.raises(ApiException) as e:
+            co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "el", patch)
+        assert "spec.elastic is immutable" in e.value.body, e.value.body
+    co.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, make_job("fixed").nodes(2).build())
+    with pytest.raises(ApiException) as e:
+        co.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "fixed", {"spec": {"elastic": {"minNodes": 1}}}
+        )
+    assert "spec.elastic is immutable" in e.value.body, e.value.body

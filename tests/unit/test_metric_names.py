@@ -25,6 +25,8 @@ def test_operator_metrics_match_the_chart_list() -> None:
     m = OperatorMetrics()
     m.restarts.labels(finetune_namespace="ml", reason="OOMKilled").inc()
     m.jobs.labels(finetune_namespace="ml", state="Running").set(1)
+    m.resizes.labels(finetune_namespace="ml", direction="Shrunk").inc()
+    m.steps_lost_to_resizes.labels(finetune_namespace="ml").inc(3)
     fams = _families(m.registry)
     assert {n for n, (t, _) in fams.items() if t == "counter"} == names.OPERATOR_COUNTERS
     assert {n for n, (t, _) in fams.items() if t == "gauge"} == names.OPERATOR_GAUGES

@@ -1156,7 +1156,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
 
     from finetune_operator.failures import Failure
     from finetune_operator.history import EvalPoint, History, TrainPoint
-    from finetune_operator.status import Condition, Status
+    from finetune_operator.status import Condition, Elastic, Status
 
     schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     sample = {int: 7, float: 1.5, str: "x"}
@@ -1198,6 +1198,21 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
             "template": {"queueName": "q"},
             "values": [{"field": "spec.queueName", "value": "q", "source": "job"}],
         },
+        elastic=Elastic(
+            current_nodes=1,
+            desired_nodes=2,
+            min_nodes=1,
+            gradient_accumulation_steps=2,
+            global_batch_size=32,
+            asked_global_batch_size=32,
+            resizes=1,
+            steps_lost_to_resizes=3,
+            idle_gpu_seconds=4.5,
+            placeholders_running=1,
+            capacity_since=NOW,
+            last_resize_time=NOW,
+            last_resize="Shrunk",
+        ),
     )
     wire = full.to_wire()
     assert set(wire) == set(schema)
@@ -1208,6 +1223,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
     assert set(wire["runtime"]) == set(schema["runtime"]["properties"])
     assert set(wire["runtime"]["values"][0]) == set(schema["runtime"]["properties"]["values"]["items"]["properties"])
     assert set(wire["conditions"][0]) == set(schema["conditions"]["items"]["properties"])
+    assert set(wire["elastic"]) == set(schema["elastic"]["properties"])
     assert wire["nodes"] == "2/4" and wire["conditions"][0]["status"] == "True"
     assert Status.from_wire(wire) == full
 

@@ -149,6 +149,7 @@ class TrainingConfig:
     activation_checkpointing: bool = False
     dpo: DpoConfig = field(default_factory=DpoConfig)
     kernels: str = "auto"  # "liger": Liger's Triton kernels (CUDA only); "auto": where a measurement says so
+    global_batch_size: int | None = None  # elastic: the global batch asked at full size (the accumulation is adapted)
 
 
 @dataclass(frozen=True)
@@ -384,6 +385,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
         max_steps=t.get("maxSteps"),
         per_device_batch_size=t.get("perDeviceBatchSize", 8),
         gradient_accumulation_steps=t.get("gradientAccumulationSteps", 1),
+        global_batch_size=t.get("globalBatchSize"),
         learning_rate=t.get("learningRate", 5e-5),
         max_seq_length=t.get("maxSeqLength", 512),
         precision=t.get("precision", "auto"),

@@ -326,6 +326,37 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def batch_record(config: Config, ident: Identity) -> dict[str, Any]:
+    """The global batch this attempt trains with (world size x per-device batch x accumulation) and, for an elastic
+    job, the one it asked for at full size (its accumulation is adapted to the attempt's world size by the operator;
+    the two differ only where no whole accumulation gives it exactly)."""
+    t = config.training
+    used = ident.world_size * t.per_device_batch_size * t.gradient_accumulation_steps
+    return {
+        "world_size": ident.world_size,
+        "nodes": ident.nnodes,
+        "per_device_batch_size": t.per_device_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "global_batch_size": used,
+        "global_batch_size_asked": t.global_batch_size if t.global_batch_size is not None else used,
+    }
+
+
+def attempt_record_path(config: Config, ident: Identity) -> str:
+    return os.path.join(config.output_path, "attempts", f"attempt-{ident.attempt}.json")
+
+
+def attempt_record(config: Config, ident: Identity, setup: Setup, **end: Any) -> dict[str, Any]:
+    """Rank 0's record of one attempt (``attempts/attempt-<n>.json``), written as it starts training and again as it
+    ends: its size and batch, the step it resumed from, and at the end its last step and losses."""
+    return {
+        "attempt": ident.attempt,
+        "resumed_from_step": setup.resume.step if setup.resume else 0,
+        **batch_record(config, ident),
+        **end,
+    }
+
+
 def record_agreed_stop(step: int) -> None:
     """Tell this node's launcher that the workers stopped by the ranks' agreement (``FINETUNE_STOP_FILE``, in the
     launcher's temp dir). torchrun reports a worker's exit 143 as its own exit 1 and no error file, so without this
@@ -640,10 +671,12 @@ def optimizer_name(args: Any) -> str:
     return str(getattr(args.optim, "value", args.optim))  # an OptimizerNames enum on current transformers
 
 
-def run_training(built: Built, setup: Setup, ds: Data, stop: StopFlag) -> Run:
+def run_training(built: Built, setup: Setup, ds: Data, stop: StopFlag, *, config: Config, ident: Identity) -> Run:
     """``Trainer.train`` from the agreed checkpoint, then the final model's evaluation unless the schedule just did
     it (a collective: every rank)."""
     trainer = built.trainer
+    if ident.rank == 0:
+        _write_json(attempt_record_path(config, ident), attempt_record(config, ident, setup))
     started = time.perf_counter()
     output = trainer.train(resume_from_checkpoint=setup.resume.path if setup.resume else None)
     runtime = time.perf_counter() - started
@@ -694,6 +727,18 @@ def save_results(
             "attempt": ident.attempt,
         },
     )
+    if ident.rank == 0:
+        _write_json(
+            attempt_record_path(config, ident),
+            attempt_record(
+                config,
+                ident,
+                setup,
+                last_step=state.global_step,
+                stopped_by_signal=stop.agreed,
+                loss_history=[h for h in losses if resume is None or h[0] > resume.step],
+            ),
+        )
     if stop.agreed:
         log.warning("stopped on SIGTERM at step %d after saving a checkpoint", state.global_step)
         record_agreed_stop(state.global_step)
@@ -744,7 +789,7 @@ def save_results(
                 "attention": attention,
                 "optimizer": optimizer_name(setup.args),
                 "precision": precision,
-                "world_size": ident.world_size,
+                **batch_record(config, ident),
                 "attempt": ident.attempt,
                 "params": m.params,
                 "params_sha256": checksum,
@@ -773,7 +818,7 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     ds = load_data(config, setup, tokenizer, launch_time)
     m = load_the_model(config, ident, setup, tokenizer=tokenizer, ds=ds, launch_time=launch_time)
     built = build_trainer(config, ident, setup, tokenizer=tokenizer, ds=ds, m=m, stop=stop, launch_time=launch_time)
-    run = run_training(built, setup, ds, stop)
+    run = run_training(built, setup, ds, stop, config=config, ident=ident)
     return save_results(config, ident, setup, tokenizer=tokenizer, ds=ds, m=m, built=built, run=run, stop=stop)
 
 
