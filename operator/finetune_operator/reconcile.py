@@ -195,8 +195,8 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
         _suspend(p, spec, gang)
     elif _deadline_passed(p, spec, gang):
         pass
-    elif gang.stale:
-        _clean_up(p, gang)
+    elif gang.stale or (p.st.attempt_start_time is None and gang.placeholders):
+        _clean_up(p, gang)  # an elastic job's placeholders hold what the next attempt's ranks need: they go first
     elif p.st.attempt_start_time is None:
         _start_attempt(p, spec, gang, observed)
     else:
@@ -253,6 +253,7 @@ def _deadline_passed(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
 def _clean_up(p: _Pass, gang: Gang) -> None:
     """The previous attempt's pods must be gone before the next attempt is created under the same names."""
     p.delete(gang.stale)
+    p.delete(gang.placeholders, grace_seconds=1)
     if p.was not in (RESTARTING, SUSPENDED):
         p.transition(RESTARTING, "CleaningUp", "waiting for pods of an earlier attempt to terminate")
     else:
@@ -641,7 +642,8 @@ def _placeholders(p: _Pass, gang: Gang) -> None:
         missing = full.nodes - el.current_nodes
     wanted = {placeholder_name(p.job.ref.name, i) for i in range(missing)}
     keep = [ph for ph in gang.placeholders if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting]
-    p.delete([ph for ph in gang.placeholders if ph not in keep], grace_seconds=1)
+    planned = {d.uid for d in p.plan.delete}
+    p.delete([ph for ph in gang.placeholders if ph not in keep and ph.uid not in planned], grace_seconds=1)
     if el is None:
         return
     running = sum(1 for ph in keep if ph.running)

@@ -258,3 +258,15 @@ def test_a_job_without_elastic_has_no_elastic_status_nor_placeholders() -> None:
     assert plan.status.elastic is None and plan.resize is None
     nxt = decided(job(plan.status.to_wire(), nodes=2), [])
     assert len([o for o in nxt.create if o["kind"] == "Pod"]) == 2
+
+
+def test_the_next_attempt_waits_for_the_placeholders_to_go() -> None:
+    """They hold what the grown gang's ranks need on their nodes."""
+    between = dict(shrunk(), attempt=2, state="Restarting")
+    del between["attemptStartTime"]
+    plan = decided(elastic_job(between), [placeholder(0, 1)])
+    assert not plan.create and [d.name for d in plan.delete] == ["ft-grow-0"]
+    going = placeholder(0, 1)
+    going["metadata"]["deletionTimestamp"] = ts(NOW)
+    assert not decided(elastic_job(between), [going]).create
+    assert [o["metadata"]["name"] for o in decided(elastic_job(between), []).create if o["kind"] == "Pod"]

@@ -1,0 +1,181 @@
+"""An elastic job on real nodes, through the chart-installed operator: min 1, max 2 nodes, with LoRA.
+
+The node of one rank (not the operator's) is lost as a machine whose power goes (``NodeCluster.lose``). The job does
+not wait for it: its next attempt trains on the node left, with the gradient accumulation doubled so the global batch
+stays the one asked for. While it runs smaller, a placeholder pod (the trainer pod's resources and affinity, at the
+chart's placeholder PriorityClass) waits for a node; the lost node boots again (``NodeCluster.rejoin``), the
+scheduler places the placeholder there and its kubelet runs it, and after the job's resize cooldown the operator
+stops the gang at an agreed step (its SIGTERM checkpoint) and runs the next attempt on both nodes. The job is then
+suspended (its ranks agree on a step and checkpoint it), which ends the last attempt's record.
+
+What is checked comes from the trainer's own records on the output claim (``attempts/attempt-<n>.json``, the
+checkpoints' ``trainer_state.json``): the sizes and the global batch of every attempt, the step each resumed from,
+the loss going on from where it was; from the API server: no two attempts' pods overlap, the conditions, events and
+``kubectl get`` columns; from the operator's metrics: the resize counters.
+
+Real: everything (control plane, node lifecycle and taint eviction controllers, scheduler and its preemption rules,
+kubelets, containerd, the operator's Deployment, the trainer image). FSDP's resharding across sizes runs in the
+trainer tier (tests/trainer/test_elastic_resume.py), with the same configs the operator builds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from statistics import mean
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.faults.harness import Observed, PodWatch
+from tests.realnodes.conftest import RealCluster, diagnostics, job_status
+from tests.realnodes.jobs import complete_checkpoints, event_reasons, long_tiny, node_of, pods, report
+from tests.realnodes.test_node_loss import FAST_FAILOVER
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.realnodes, pytest.mark.faults]
+COOLDOWN = 45  # spec.elastic.resizeCooldownSeconds
+INTERVAL = 20  # checkpoint every this many steps
+# One rank per node, required (as the operator sets it for multi-node GPU jobs): the placeholder of the missing rank
+# then waits for a node the gang does not hold.
+ONE_PER_NODE = {
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {
+                    "matchExpressions": [{"key": "finetune.dev/job-name", "operator": "In", "values": ["elastic"]}]
+                },
+            }
+        ]
+    }
+}
+
+
+def running_at(rc: RealCluster, namespace: str, attempt: int, nodes: int, past_step: int) -> dict[str, Any] | None:
+    """The status once ``attempt`` runs on ``nodes`` nodes and rank 0 reports a step beyond ``past_step``."""
+    st = job_status(rc, namespace, "elastic")
+    step = (st.get("progress") or {}).get("step") or 0
+    elastic = st.get("elastic") or {}
+    ok = st.get("attempt") == attempt and st.get("state") == "Running" and elastic.get("currentNodes") == nodes
+    return st if ok and step > past_step else None
+
+
+def record(out: Any, attempt: int) -> dict[str, Any]:
+    return dict(json.loads((out / "attempts" / f"attempt-{attempt}.json").read_text()))
+
+
+def logged_losses(out: Any, step: int) -> list[float]:
+    state = json.loads((out / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").read_text())
+    return [h["loss"] for h in state["log_history"] if "loss" in h]
+
+
+def test_a_lost_node_shrinks_the_gang_and_its_return_grows_it_back_with_the_global_batch_kept(
+    real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient
+) -> None:
+    rc = real_cluster
+    out = long_tiny(
+        rc,
+        namespace,
+        "elastic",
+        steps=100000,  # ended by a suspend once it has grown back
+        interval=INTERVAL,
+        maxRestarts=0,
+        terminationGracePeriodSeconds=20,  # the agreed stop of a grow checkpoints within it
+        elastic={"minNodes": 1, "resizeCooldownSeconds": COOLDOWN, "unschedulableSeconds": 60},
+        pod={"affinity": ONE_PER_NODE, "tolerations": FAST_FAILOVER},
+        **{"training.keepCheckpoints": 50, "training.lora": {"r": 8, "alpha": 16, "targetModules": ["query", "value"]}},
+    )
+    seen = Observed()
+    podwatch = PodWatch(api_client, namespace, seen)
+    podwatch.start()
+    lost_node: int | None = None
+    figures: dict[str, Any] = {"scenario": "elastic: node lost, then back (real nodes)", "cooldown_s": COOLDOWN}
+    try:
+        wait_for(lambda: complete_checkpoints(out), timeout=600, what="a complete checkpoint", interval=0.5)
+        operator_node = rc.kubectl(
+            "get", "pods", "-n", chart_operator, "-l", "app.kubernetes.io/component=operator",
+            "-o", "jsonpath={.items[0].spec.nodeName}",
+        )  # fmt: skip
+        ranks = {r: node_of(rc, namespace, f"elastic-node-{r}") for r in (0, 1)}
+        assert len(set(ranks.values())) == 2, ranks
+        victim = next(r for r, n in ranks.items() if n != operator_node)
+        gone = ranks[victim]
+        lost_node = int(rc.kubectl("get", "node", gone, "-o", "jsonpath={.metadata.labels.finetune\\.dev/local-node}"))
+        t0 = time.monotonic()
+        rc.nodes.lose(lost_node)
+        checkpoint = complete_checkpoints(out)[-1]
+        small = wait_for(
+            lambda: running_at(rc, namespace, 1, 1, checkpoint),
+            timeout=420,
+            what="attempt 1 training on one node",
+            interval=0.5,
+        )
+        figures["node_lost_to_training_smaller_s"] = round(time.monotonic() - t0, 1)
+        columns = rc.kubectl("get", "ftj", "elastic", "-n", namespace, "--no-headers")
+        assert " 1/2 " in f" {columns} ", columns
+        assert small["elastic"]["gradientAccumulationSteps"] == 2, small["elastic"]
+        placeholder = wait_for(
+            lambda: [p for p in pods(rc, namespace) if p["metadata"]["name"] == "elastic-grow-0"],
+            timeout=60,
+            what="the placeholder",
+            interval=0.5,
+        )[0]
+        assert placeholder["spec"]["priorityClassName"] == "finetune-placeholder", placeholder["spec"]
+        assert placeholder["status"]["phase"] == "Pending", placeholder["status"]  # no node for it yet
+
+        t1 = time.monotonic()
+        rc.nodes.rejoin(lost_node)
+        lost_node = None
+        figures["node_rejoined_after_s"] = round(time.monotonic() - t1, 1)
+        at_grow = complete_checkpoints(out)[-1]
+        wait_for(
+            lambda: running_at(rc, namespace, 2, 2, at_grow),
+            timeout=420,
+            what="attempt 2 training on both nodes again",
+            interval=0.5,
+        )
+        figures["capacity_back_to_training_full_size_s"] = round(time.monotonic() - t1, 1)
+        assert {node_of(rc, namespace, f"elastic-node-{r}") for r in (0, 1)} == set(ranks.values())
+        resumed = record(out, 2)["resumed_from_step"]
+        wait_for(lambda: complete_checkpoints(out)[-1] > resumed, timeout=300, what="a checkpoint at full size")
+        rc.kubectl("patch", "ftj", "elastic", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+        wait_for(lambda: "stopped_by_signal" in record(out, 2), timeout=180, what="attempt 2's record", interval=1)
+    finally:
+        podwatch.stop.set()
+        if lost_node is not None:
+            rc.nodes.rejoin(lost_node)
+    st = job_status(rc, namespace, "elastic")
+    events = event_reasons(rc, namespace, "elastic")
+    records = [record(out, a) for a in (0, 1, 2)]
+    figures.update(
+        steps_lost_per_resize=[records[a]["last_step"] - records[a + 1]["resumed_from_step"] for a in (1,)],
+        resumed_from=[r["resumed_from_step"] for r in records],
+        operator_steps_lost_to_resizes=st["elastic"].get("stepsLostToResizes"),
+        idle_gpu_seconds=st["elastic"].get("idleGpuSeconds"),
+        overlaps=len(seen.overlaps),
+    )
+    report("elastic-real", figures)
+    assert seen.overlaps == [], seen.overlaps
+    assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 1), st
+    assert st["elastic"]["resizes"] == 2 and st["elastic"]["lastResize"] == "Grown", st["elastic"]
+    resized = next(c for c in st["conditions"] if c["type"] == "Resized")
+    assert resized["reason"] == "Grown" and "1 -> 2 node(s)" in resized["message"], resized
+    assert events.count("Shrunk") == 1 and events.count("Grown") == 1, events
+    # The trainer's own records: the sizes, one global batch, each attempt resumed from the newest checkpoint.
+    assert [(r["nodes"], r["gradient_accumulation_steps"]) for r in records] == [(2, 1), (1, 2), (2, 1)], records
+    assert len({r["global_batch_size"] for r in records}) == 1, records
+    assert {r["global_batch_size"] for r in records} == {r["global_batch_size_asked"] for r in records}
+    assert records[1]["stopped_by_signal"] and records[2]["resumed_from_step"] == records[1]["last_step"], records
+    assert 0 < records[1]["resumed_from_step"] < records[2]["resumed_from_step"], records
+    # The loss goes on from where it was: each resumed attempt starts near the loss its checkpoint had reached, well
+    # below where training began (a run that lost its state would start there again).
+    for attempt in (1, 2):
+        before = logged_losses(out, records[attempt]["resumed_from_step"])
+        begins = [loss for _, loss in records[attempt]["loss_history"]][:3]
+        first, last = mean(before[:3]), mean(before[-3:])
+        assert last < first and mean(begins) < last + 0.5 * (first - last), (attempt, before, begins)
+    # No placeholder is left once the job stops.
+    wait_for(lambda: not pods(rc, namespace), timeout=120, what="the suspended job's pods to go", interval=1)
+    assert st["state"] == "Suspended", (st, diagnostics(rc, namespace))
