@@ -521,5 +521,9 @@ def build_placeholder(
     return pod
 
 
+def is_placeholder(obj: dict[str, Any]) -> bool:
+    return obj.get("kind") == "Pod" and (obj["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == PLACEHOLDER
+
+
 def build_pods(ref: JobRef, spec: JobSpec, *, attempt: int, settings: Settings) -> list[dict[str, Any]]:
     return [build_pod(ref, spec, rank=r, attempt=attempt, settings=settings) for r in range(spec.nodes)]

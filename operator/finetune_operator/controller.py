@@ -21,10 +21,11 @@ from typing import Any
 
 from finetune_operator import admission, failpoints, kueue, runtimes
 from finetune_operator.admission import Observed
+from finetune_operator.builders import is_placeholder
 from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, ApiError, Conflict, Kube, Rejected
 from finetune_operator.kueue import WorkloadState
 from finetune_operator.metrics import OperatorMetrics
-from finetune_operator.reconcile import Plan, create_rejected, decide, name_taken, namesake_in_the_way
+from finetune_operator.reconcile import Event, Plan, create_rejected, decide, name_taken, namesake_in_the_way
 from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
 from finetune_operator.spec import SpecError
@@ -81,6 +82,7 @@ class Controller:
         # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
         self.active: Callable[[], bool] = lambda: True
         self._workloads_forbidden = False  # no RBAC to read Kueue's Workloads: said once in the log
+        self._placeholders_refused: set[Key] = set()  # jobs whose placeholder the API server refused: said once
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._guard:
@@ -106,6 +108,7 @@ class Controller:
             if (lock := self._locks.get(key)) is not None and lock.locked():
                 self._forgotten.add(key)
             self._passed.pop(key, None)
+            self._placeholders_refused.discard(key)
         self._export_states(key[0])
 
     def _export_states(self, namespace: str) -> None:
@@ -295,7 +298,9 @@ class Controller:
         pods = self._pods(key)
         if self.settings.force_delete != "never" and (lost := self._lost_nodes(pods)):
             observed = replace(observed, lost_nodes=lost)
-        if job.spec is not None and any(p.gated and p.attempt == job.status.attempt for p in pods):
+        if job.spec is not None and any(
+            p.gated and p.attempt == job.status.attempt and not p.placeholder for p in pods
+        ):
             observed = replace(observed, queue=self._queue(job))
         plan = decide(
             job,
@@ -331,6 +336,14 @@ class Controller:
                 try:
                     created = self.kube.create(obj)
                 except Rejected as e:
+                    if is_placeholder(obj):
+                        # An elastic job's placeholder only looks for capacity: its refusal (a PriorityClass that does
+                        # not exist, a quota) never fails the job, which trains on at its size; said, then retried.
+                        if key not in self._placeholders_refused:  # said once per job (retried every pass)
+                            self._placeholders_refused.add(key)
+                            log.warning("%s/%s: %s refused (%d): %s", namespace, name, what, e.code, e.message)
+                            plan.events.append(Event("Warning", "PlaceholderRefused", f"{what}: {e.message}"[:1024]))
+                        continue
                     plan = create_rejected(
                         job,
                         read_pods(self.kube.list_pods(namespace, name)),

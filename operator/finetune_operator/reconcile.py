@@ -641,7 +641,11 @@ def _placeholders(p: _Pass, gang: Gang) -> None:
     if full is not None and full.elastic is not None and el is not None and st.state == RUNNING:
         missing = full.nodes - el.current_nodes
     wanted = {placeholder_name(p.job.ref.name, i) for i in range(missing)}
-    keep = [ph for ph in gang.placeholders if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting]
+    keep = [
+        ph
+        for ph in gang.placeholders
+        if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting and not ph.finished
+    ]  # a finished one (failed, evicted) goes, and comes again on a later pass
     planned = {d.uid for d in p.plan.delete}
     p.delete([ph for ph in gang.placeholders if ph not in keep and ph.uid not in planned], grace_seconds=1)
     if el is None:

@@ -145,6 +145,8 @@ def status_block(
         f"disruptions {st.get('disruptions', 0)})",
     )
     head.add_row("Nodes", f"{st.get('nodes', '0/' + str(spec.get('nodes', 1)))} running")
+    if line := elastic_line(st.get("elastic")):
+        head.add_row("Elastic", line)
     if line := progress_line(st.get("progress")):
         head.add_row("Progress", line)
     for label, line in curve_rows(st.get("history")):
@@ -202,6 +204,23 @@ def status_block(
             )
         parts.append(t)
     return Group(*parts)
+
+
+def elastic_line(el: dict[str, Any] | None) -> str:
+    """An elastic job's size and batch: "1 of 2 node(s) (min 1), accumulation 2, global batch 16; 1 resize (last
+    Shrunk), placeholders running 0"."""
+    if not el:
+        return ""
+    batch = f"global batch {el.get('globalBatchSize')}"
+    if el.get("askedGlobalBatchSize") not in (None, el.get("globalBatchSize")):
+        batch += f" (asked {el['askedGlobalBatchSize']})"
+    resizes = el.get("resizes") or 0
+    last = f" (last {el['lastResize']})" if el.get("lastResize") else ""
+    return (
+        f"{el.get('currentNodes')} of {el.get('desiredNodes')} node(s) (min {el.get('minNodes')}), accumulation "
+        f"{el.get('gradientAccumulationSteps')}, {batch}; {resizes} resize(s){last}, placeholders running "
+        f"{el.get('placeholdersRunning') or 0}"
+    )
 
 
 def jobs_table(jobs: list[dict[str, Any]], *, all_namespaces: bool, now: datetime | None = None) -> Table:

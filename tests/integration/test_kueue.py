@@ -237,3 +237,63 @@ def test_suspend_gives_quota_back_and_a_deleted_queued_job_leaves_no_workload(t:
         raise AssertionError(f"{gone} still exists")
     except ApiException as e:
         assert e.status == 404
+
+
+def test_an_elastic_gang_runs_smaller_while_kueue_admits_only_that_and_grows_when_it_admits_more(t: Tier) -> None:
+    """An elastic job (2 nodes, min 1) preempted by a 1-node job of higher priority runs its next attempt on 1 node,
+    its own Workload, which fits beside the other. Its placeholder is a pod group of its own: Kueue holds it while the
+    quota is taken, and the job keeps training on 1 node; when the other job finishes, Kueue admits the placeholder,
+    it runs, and the gang grows back to 2 nodes as a third Workload, admitted whole."""
+    from finetune_operator.kueue import placeholder_group
+
+    j = gpu_job("e", nodes=2).set("queueName", "team").set("terminationGracePeriodSeconds", GRACE)
+    j.set("elastic", {"minNodes": 1, "resizeCooldownSeconds": 0})
+    j.obj["spec"]["podTemplate"]["labels"] = queued_labels("low")
+    t.jobs.create(j.build())
+    t.jobs.wait_state("e", "Running", timeout=90)
+    high = gpu_job("h", nodes=1).set("queueName", "team").set("terminationGracePeriodSeconds", GRACE)
+    high.obj["spec"]["podTemplate"]["labels"] = queued_labels("high")
+    t.jobs.create(high.build())
+
+    def smaller() -> dict[str, Any] | None:
+        st = t.jobs.status("e")
+        ok = st.get("state") == "Running" and (st.get("elastic") or {}).get("currentNodes") == 1
+        return st if ok and st.get("attempt") == 1 else None
+
+    st = wait_for(smaller, timeout=120, what="e's attempt 1 running on one node")
+    assert counts(st)[1:] == (0, 1) and st["nodes"] == "1/2", st
+    assert st["elastic"]["gradientAccumulationSteps"] == 2 and st["elastic"]["lastResize"] == "Shrunk", st
+    t.jobs.wait_state("h", "Running", timeout=90)
+    uid = t.jobs.get("e")["metadata"]["uid"]
+    grow = placeholder_group("e", 1, uid)
+    wait_for(lambda: grow in t.kq.workloads(), timeout=60, what="the placeholder's Workload")
+    cond = wait_for(
+        lambda: next(
+            (
+                c
+                for c in (t.kq.workloads()[grow].get("status") or {}).get("conditions", [])
+                if c["type"] == "QuotaReserved"
+            ),
+            None,
+        ),
+        timeout=60,
+        what="Kueue's word on the placeholder",
+    )
+    assert cond["status"] == "False" and "insufficient" in cond["message"], cond
+    assert gated(t.jobs, "e") == ["e-grow-0"]  # held by Kueue; the gang trains on
+    assert t.jobs.status("e")["attempt"] == 1
+    assert sorted(t.kq.reserving()) == sorted([t.kq.wl("e", 1), t.kq.wl("h", 0)])
+
+    finish(t, "h")
+    t.jobs.wait_state("h", "Succeeded", timeout=60)
+
+    def grown() -> dict[str, Any] | None:
+        st = t.jobs.status("e")
+        ok = st.get("state") == "Running" and (st.get("elastic") or {}).get("currentNodes") == 2
+        return st if ok and st.get("attempt") == 2 else None
+
+    st = wait_for(grown, timeout=180, what="e grown back to two nodes")
+    assert counts(st) == (2, 0, 1) and st["elastic"]["resizes"] == 2 and st["nodes"] == "2/2", st
+    assert t.kq.condition(grow, "Admitted") or grow not in t.kq.workloads()  # admitted, then finished and removed
+    assert t.kq.reserving() == [t.kq.wl("e", 2)] and t.kq.condition(t.kq.wl("e", 2), "Admitted")
+    assert {e.reason for e in t.jobs.events("e")} >= {"Shrunk", "Grown"}

@@ -207,3 +207,26 @@ def test_the_samples_the_trainer_image_ships_are_the_tiny_examples() -> None:
             assert (samples / copy_dir / name).read_bytes() == source.read_bytes(), name
     quickstart = (root / "examples" / "quickstart.yaml").read_text()
     assert "/opt/finetune/samples/tiny-bert" in quickstart and "/opt/finetune/samples/tiny-data" in quickstart
+
+
+def test_status_block_shows_an_elastic_jobs_size_and_batch() -> None:
+    status = {
+        **STARTED,
+        "nodes": "1/2",
+        "elastic": {
+            "currentNodes": 1,
+            "desiredNodes": 2,
+            "minNodes": 1,
+            "gradientAccumulationSteps": 3,
+            "globalBatchSize": 48,
+            "askedGlobalBatchSize": 40,
+            "resizes": 1,
+            "lastResize": "Shrunk",
+            "placeholdersRunning": 0,
+        },
+    }
+    out = job(status, nodes=2, elastic={"minNodes": 1})
+    out["metadata"]["creationTimestamp"] = ts(NOW - timedelta(minutes=5))
+    shown = text(render.status_block(out, [], [], now=NOW))
+    assert "1 of 2 node(s) (min 1), accumulation 3, global batch 48 (asked 40); 1 resize(s) (last Shrunk)" in shown
+    assert "Elastic" not in text(render.status_block(failed_job(), [], [], now=NOW))
