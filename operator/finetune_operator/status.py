@@ -42,6 +42,26 @@ def parse_ts(s: str | None) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)  # Kubernetes times are UTC
 
 
+def flat_to_wire(obj: Any) -> dict[str, Any]:
+    """A dataclass of plain fields on the wire: camelCase keys, times as timestamps, None left out."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if value is not None:
+            out[camel(f.name)] = ts(value) if isinstance(value, datetime) else value
+    return out
+
+
+def flat_from_wire(cls: Any, d: dict[str, Any], *, times: tuple[str, ...]) -> dict[str, Any]:
+    """The field values of :func:`flat_to_wire`'s form, ``times`` parsed back into datetimes."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        key = camel(f.name)
+        if d.get(key) is not None:
+            values[f.name] = parse_ts(d[key]) if f.name in times else d[key]
+    return values
+
+
 @dataclass(frozen=True)
 class Progress:
     """``status.progress``: rank 0's training gauges (progress.parse_metrics) and the restart accounting."""
@@ -71,21 +91,11 @@ class Progress:
     update_time: datetime | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                out[camel(f.name)] = ts(value) if isinstance(value, datetime) else value
-        return out
+        return flat_to_wire(self)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Progress:
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            key = camel(f.name)
-            if d.get(key) is not None:
-                values[f.name] = parse_ts(d[key]) if f.name == "update_time" else d[key]
-        return cls(**values)
+        return cls(**flat_from_wire(cls, d, times=("update_time",)))
 
     def scraped(self) -> dict[str, Any]:
         """The fields a scrape set (all but the restart accounting and the update time)."""
@@ -125,21 +135,11 @@ class Elastic:
     last_resize: str | None = None  # Shrunk | Grown
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                out[camel(f.name)] = ts(value) if isinstance(value, datetime) else value
-        return out
+        return flat_to_wire(self)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Elastic:
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            key = camel(f.name)
-            if d.get(key) is not None:
-                values[f.name] = parse_ts(d[key]) if f.name in ("capacity_since", "last_resize_time") else d[key]
-        return cls(**values)
+        return cls(**flat_from_wire(cls, d, times=("capacity_since", "last_resize_time")))
 
 
 @dataclass
