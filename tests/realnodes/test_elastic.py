@@ -211,3 +211,43 @@ def test_a_lost_node_shrinks_the_gang_and_its_return_grows_it_back_with_the_glob
     # No placeholder is left once the job stops.
     wait_for(lambda: not pods(rc, namespace), timeout=120, what="the suspended job's pods to go", interval=1)
     assert st["state"] == "Suspended", (st, diagnostics(rc, namespace))
+
+
+def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
+    real_cluster: RealCluster, chart_operator: str, namespace: str
+) -> None:
+    """One of the two nodes cordoned: a job that needs both (minNodes 2) places one rank and waits, with condition
+    Created/BelowMinNodes once the other has been unschedulable for unschedulableSeconds; uncordoned, it runs on
+    both."""
+    rc = real_cluster
+    node = rc.kubectl("get", "nodes", "-o", "jsonpath={.items[1].metadata.name}")
+    rc.kubectl("cordon", node)
+    try:
+        long_tiny(
+            rc,
+            namespace,
+            "elastic",
+            steps=40,
+            elastic={"minNodes": 2, "unschedulableSeconds": 10},
+            pod={"affinity": ONE_PER_NODE},
+        )
+
+        def below_min() -> dict[str, Any] | None:
+            st = job_status(rc, namespace, "elastic")
+            created = next((c for c in st.get("conditions") or [] if c["type"] == "Created"), {})
+            return st if created.get("reason") == "BelowMinNodes" else None
+
+        st = wait_for(below_min, timeout=180, what="condition BelowMinNodes", interval=1)
+        created = next(c for c in st["conditions"] if c["type"] == "Created")
+        assert "fewer than spec.elastic.minNodes=2" in created["message"], created
+        assert st["state"] == "Created" and st.get("attempt", 0) == 0, st
+        assert "BelowMinNodes" in event_reasons(rc, namespace, "elastic")
+    finally:
+        rc.kubectl("uncordon", node)
+    st = wait_for(
+        lambda: (s := job_status(rc, namespace, "elastic")).get("state") == "Running" and s,
+        timeout=300,
+        what="the job running on both nodes",
+        interval=1,
+    )
+    assert st.get("attempt", 0) == 0 and st["elastic"]["currentNodes"] == 2 and st["nodes"] == "2/2", st
