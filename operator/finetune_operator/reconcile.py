@@ -196,7 +196,9 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
     elif _deadline_passed(p, spec, gang):
         pass
     elif gang.stale or (p.st.attempt_start_time is None and gang.placeholders):
-        _clean_up(p, gang)  # an elastic job's placeholders hold what the next attempt's ranks need: they go first
+        # An elastic job's placeholders hold what the next attempt's ranks need: that attempt waits for them to go
+        # (_placeholders deletes them, as every placeholder of a job that is not running below its size).
+        _clean_up(p, gang)
     elif p.st.attempt_start_time is None:
         _start_attempt(p, spec, gang, observed)
     else:
@@ -253,7 +255,6 @@ def _deadline_passed(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
 def _clean_up(p: _Pass, gang: Gang) -> None:
     """The previous attempt's pods must be gone before the next attempt is created under the same names."""
     p.delete(gang.stale)
-    p.delete(gang.placeholders, grace_seconds=1)
     if p.was not in (RESTARTING, SUSPENDED):
         p.transition(RESTARTING, "CleaningUp", "waiting for pods of an earlier attempt to terminate")
     else:
@@ -524,8 +525,9 @@ def _track_size(p: _Pass, spec: JobSpec) -> Elastic:
     return p.st.elastic
 
 
-def _resized(p: _Pass, spec: JobSpec, size: int, *, reason: str, why: str, lost_steps: int, event: bool) -> None:
-    """Record a resize decided now: the next attempt runs on ``size`` nodes (``spec``: the ending attempt's, sized)."""
+def _resized(p: _Pass, spec: JobSpec, size: int, *, reason: str, why: str, lost_steps: int, event: bool) -> str:
+    """Record a resize decided now: the next attempt runs on ``size`` nodes (``spec``: the ending attempt's, sized).
+    Returns what the Resized condition says."""
     full, el = p.job.spec, p.st.elastic
     assert full is not None and el is not None
     before, batch = elastic.batch_at(full, spec.nodes), elastic.batch_at(full, size)
@@ -551,6 +553,7 @@ def _resized(p: _Pass, spec: JobSpec, size: int, *, reason: str, why: str, lost_
     if event:
         p.event("Normal" if reason == "Grown" else "Warning", reason, message)
     p.plan.resize = (reason, lost_steps)
+    return message
 
 
 def _resize(p: _Pass, spec: JobSpec, gang: Gang, size: int, *, reason: str, why: str, grace: int | None) -> None:
@@ -563,9 +566,8 @@ def _resize(p: _Pass, spec: JobSpec, gang: Gang, size: int, *, reason: str, why:
     st.restart_requested_time = p.now
     st.ready_nodes = 0
     p.delete(gang.current, grace_seconds=grace)
-    _resized(p, spec, size, reason=reason, why=why, lost_steps=lost_steps, event=False)
-    created = p.st.condition("Resized")
-    p.transition(RESTARTING, reason, created.message if created else why, warning=reason != "Grown", always_event=True)
+    message = _resized(p, spec, size, reason=reason, why=why, lost_steps=lost_steps, event=False)
+    p.transition(RESTARTING, reason, message, warning=reason != "Grown", always_event=True)
     p.plan.requeue_after = 2.0
 
 
@@ -646,8 +648,7 @@ def _placeholders(p: _Pass, gang: Gang) -> None:
         for ph in gang.placeholders
         if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting and not ph.finished
     ]  # a finished one (failed, evicted) goes, and comes again on a later pass
-    planned = {d.uid for d in p.plan.delete}
-    p.delete([ph for ph in gang.placeholders if ph not in keep and ph.uid not in planned], grace_seconds=1)
+    p.delete([ph for ph in gang.placeholders if ph not in keep], grace_seconds=1)
     if el is None:
         return
     running = sum(1 for ph in keep if ph.running)
@@ -665,7 +666,7 @@ def _placeholders(p: _Pass, gang: Gang) -> None:
         for i in range(missing)
         if placeholder_name(p.job.ref.name, i) not in held
     ]
-    if any(ph.name not in {k.name for k in keep} for ph in gang.placeholders) or p.plan.create:
+    if len(keep) < len(gang.placeholders) or p.plan.create:  # some are going: look again soon
         p.plan.requeue_after = min(p.plan.requeue_after or 2.0, 2.0)
 
 
