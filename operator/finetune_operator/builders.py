@@ -26,7 +26,7 @@ from finetune_operator.settings import (
     OUTPUT_MOUNT,
     Settings,
 )
-from finetune_operator.spec import CACHE_MOUNT, JobSpec
+from finetune_operator.spec import CACHE_MOUNT, KUEUE_PRIORITY_LABEL, JobSpec
 
 CONTAINER = "trainer"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -180,7 +180,10 @@ def build_pdb(ref: JobRef, spec: JobSpec) -> dict[str, Any] | None:
         "metadata": _meta(ref, ref.name, common_labels(ref.name, "disruption-budget")),
         "spec": {
             "minAvailable": spec.nodes,
-            "selector": {"matchLabels": selector_labels(ref.name)},
+            "selector": {  # the ranks, never an elastic job's placeholders (they must not hold up a drain)
+                "matchLabels": selector_labels(ref.name),
+                "matchExpressions": [{"key": COMPONENT_LABEL, "operator": "NotIn", "values": [PLACEHOLDER]}],
+            },
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
@@ -487,20 +490,27 @@ def placeholder_name(job: str, index: int) -> str:
 
 
 def build_placeholder(
-    ref: JobRef, spec: JobSpec, *, index: int, count: int, attempt: int, settings: Settings
+    ref: JobRef, spec: JobSpec, *, index: int, count: int, attempt: int, settings: Settings, generation: int = 0
 ) -> dict[str, Any]:
     """One placeholder of an elastic job running below spec.nodes (finetune_operator.elastic): a pod that asks the
     scheduler for what one more rank needs (the trainer pod's image, resources, node selector, tolerations, affinity,
     and one node per rank for multi-node GPU jobs) and only sleeps. Once it runs, a node fits a rank: the operator grows
     the gang and deletes it. It runs at the operator's placeholder PriorityClass, below the trainers, so anything that
-    needs the node preempts it; it mounts nothing, gets no env and no service account token."""
+    needs the node preempts it; it mounts nothing, gets no env and no service account token. It carries no Kueue
+    priority (a WorkloadPriorityClass would let a pod that only sleeps preempt other Workloads), and ``generation``
+    names its pod group (kueue.placeholder_group)."""
     rank = spec.nodes + index  # as the rank it stands for: its affinity keeps it off the nodes the gang holds
     pod = build_pod(ref, replace(spec, nodes=spec.nodes + count), rank=rank, attempt=attempt, settings=settings)
     kueue_labels, kueue_annotations = kueue.pod_metadata(
-        spec.queue_name, ref.name, ref.uid, attempt, count, group=kueue.placeholder_group(ref.name, attempt, ref.uid)
+        spec.queue_name,
+        ref.name,
+        ref.uid,
+        attempt,
+        count,
+        group=kueue.placeholder_group(ref.name, attempt, ref.uid, generation),
     )
     labels = {
-        **spec.pod_template.labels,
+        **{k: v for k, v in spec.pod_template.labels.items() if k != KUEUE_PRIORITY_LABEL},
         **kueue_labels,
         **common_labels(ref.name, PLACEHOLDER),
         LABEL_ATTEMPT: str(attempt),

@@ -29,7 +29,7 @@ from finetune_operator.reconcile import Event, Plan, create_rejected, decide, na
 from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
 from finetune_operator.spec import SpecError
-from finetune_operator.state import Job, PodState, node_lost, read_job, read_pods
+from finetune_operator.state import Job, PodState, node_down, node_lost, read_job, read_pods
 from finetune_operator.status import PENDING, RUNNING, STATES, TERMINAL, Progress
 from finetune_operator.store import Store
 
@@ -77,7 +77,11 @@ class Controller:
         self._forgotten: set[Key] = set()
         self._passed: dict[Key, float] = {}  # monotonic end of the last pass per job
         # Rank 0's metrics, read off the reconcile path (finetune_operator.scrape); a finished scrape asks for a pass.
-        self.scraper = Scraper(interval=settings.progress_interval_seconds, on_done=lambda key: self.requeue(key, 0))
+        self.scraper = Scraper(
+            interval=settings.progress_interval_seconds,
+            on_done=lambda key: self.requeue(key, 0),
+            on_retry=self.requeue,
+        )
         self.metrics.scrapes_slow.set_function(self.scraper.slow)
         # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
         self.active: Callable[[], bool] = lambda: True
@@ -270,6 +274,27 @@ class Controller:
                 lost[node_name] = why
         return lost
 
+    def _down_nodes(self, job: Job, pods: list[PodState]) -> dict[str, str]:
+        """The down nodes of an elastic attempt's ranks, read only when one of its ranks failed (not a disruption):
+        a rank's node lost is often first seen as its peers' failure (reconcile._node_loss_pending)."""
+        if job.spec is None or job.spec.elastic is None:
+            return {}
+        current = [
+            p for p in pods if p.attempt == job.status.attempt and not p.placeholder and p.owner_uid == job.ref.uid
+        ]
+        if not any(p.failure is not None and not p.failure.disruption for p in current):
+            return {}
+        down = {}
+        for node_name in sorted({p.node for p in current if p.node}):
+            try:
+                node = self.kube.get_node(node_name)
+            except ApiError as e:
+                log.warning("cannot read node %s: %s", node_name, e)
+                continue
+            if (why := node_down(node)) is not None:
+                down[node_name] = why
+        return down
+
     def _queue(self, job: Job) -> WorkloadState:
         """Kueue's word on the Workload of the job's current attempt, while Kueue holds its pods. Without
         ``workloads: get`` (the chart's kueue.enabled), the status says only that Kueue holds the pods."""
@@ -298,6 +323,8 @@ class Controller:
         pods = self._pods(key)
         if self.settings.force_delete != "never" and (lost := self._lost_nodes(pods)):
             observed = replace(observed, lost_nodes=lost)
+        if down := self._down_nodes(job, pods):
+            observed = replace(observed, down_nodes=down)
         if job.spec is not None and any(
             p.gated and p.attempt == job.status.attempt and not p.placeholder for p in pods
         ):
@@ -434,7 +461,9 @@ class Controller:
             p for p in pods if p.rank == 0 and p.attempt == job.status.attempt and p.ip and p.owner_uid == job.ref.uid
         ]
         url = f"http://{rank0[0].ip}:{METRICS_PORT}/metrics" if rank0 else None
-        progress = self.scraper.take(key, url, nodes=job.spec.nodes, attempt=job.status.attempt)
+        # Rank 0 reports its own node's rates: an elastic job runs on status.elastic.currentNodes of spec.nodes.
+        nodes = job.status.elastic.current_nodes if job.status.elastic is not None else job.spec.nodes
+        progress = self.scraper.take(key, url, nodes=nodes, attempt=job.status.attempt)
         if url is not None:
             self.requeue(key, self.settings.progress_interval_seconds)
         return progress

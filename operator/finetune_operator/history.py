@@ -19,6 +19,7 @@ the checkpoint) stay visible. About 200 x 100 bytes: the status stays small (etc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -162,6 +163,22 @@ def _merge(points: tuple[P, ...], attempt: int, extra: list[P], fill: Callable[[
     return tuple(others + [ours[s] for s in sorted(ours)])
 
 
+MAX_STEP = 2**53  # a step above it is not a step (JSON numbers stay exact below it)
+MAX_RESULT_POINTS = 10_000  # of a termination message's curves (it holds at most 4 KiB anyway)
+
+
+def _number(value: Any) -> float | None:
+    """A finite JSON number (not a boolean), as a float; None for anything else (the message is the trainer's, or a
+    custom image's, and may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def record_result(history: History | None, result: dict[str, Any], *, attempt: int) -> History:
     """``history`` completed from rank 0's summary of a succeeded run (the trainer's ``result.json``, through its
     termination message): its logged losses ``[step, loss]`` and evaluations ``[step, loss]`` fill in the attempt's
@@ -170,17 +187,23 @@ def record_result(history: History | None, result: dict[str, Any], *, attempt: i
     h = history or History()
 
     def pairs(key: str) -> list[tuple[int, float]]:
+        items = result.get(key)
         out = []
-        for item in result.get(key) or []:
-            if isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[1], int | float):
-                out.append((int(item[0]), float(item[1])))
+        for item in items[:MAX_RESULT_POINTS] if isinstance(items, list) else []:
+            if isinstance(item, list | tuple) and len(item) == 2:
+                step, value = _number(item[0]), _number(item[1])
+                if step is not None and value is not None and 0 <= step < MAX_STEP:
+                    out.append((int(step), value))
         return out
 
-    sps = result.get("samplesPerSecond")
-    train = [TrainPoint(attempt, s, loss) for s, loss in pairs("loss")]
-    if train and isinstance(sps, int | float):
-        train[-1] = replace(train[-1], samples_per_second=float(sps))
-    evals = [EvalPoint(attempt, s, loss) for s, loss in pairs("eval")]
+    # The result's curves cover the whole run: the points up to the step this attempt resumed from are earlier
+    # attempts' (their scrapes recorded them, under their own attempt).
+    start = _number(result.get("resumedFromStep")) or 0
+    sps = _number(result.get("samplesPerSecond"))
+    train = [TrainPoint(attempt, s, loss) for s, loss in pairs("loss") if s > start]
+    if train and sps is not None and sps >= 0:
+        train[-1] = replace(train[-1], samples_per_second=sps)
+    evals = [EvalPoint(attempt, s, loss) for s, loss in pairs("eval") if s > start]
     merged_train = _merge(
         h.train,
         attempt,

@@ -39,10 +39,13 @@ def group_name(job: str, attempt: int, uid: str) -> str:
     return group
 
 
-def placeholder_group(job: str, attempt: int, uid: str) -> str:
+def placeholder_group(job: str, attempt: int, uid: str, generation: int = 0) -> str:
     """The pod group of an elastic job's placeholders while ``attempt`` runs (finetune_operator.elastic): a group, so a
-    Workload, of its own, which Kueue admits when the quota fits the ranks a grow would add."""
-    return f"{group_name(job, attempt, uid)[:61]}-g"
+    Workload, of its own, which Kueue admits when the quota fits the ranks a grow would add. A set replaced after one
+    of its pods finished (preempted, evicted) is a new ``generation``, so a new group: Kueue never admits new pods into
+    a finished group (its pods are not retriable in the group)."""
+    suffix = "-g" if not generation else f"-g{generation}"
+    return f"{group_name(job, attempt, uid)[: 63 - len(suffix)]}{suffix}"
 
 
 def pod_metadata(

@@ -95,7 +95,10 @@ def parse_metrics(text: str, *, nodes: int) -> Progress | None:
             continue
         out[field] = int(value) if field in INTEGER_FIELDS else round(value, 4)
     if not out.get("total_steps"):
-        return None  # the trainer has not started its training loop yet: no progress to report
+        # The trainer has not started its training loop yet: no progress to report, but the checkpoint it resumes
+        # from (saved as the attempt before it stopped, which no scrape of that attempt saw).
+        ckpt = out.get("last_checkpoint_step")
+        return Progress(last_checkpoint_step=ckpt) if ckpt else None
     if "step" in out:
         out["step_of_total"] = f"{out['step']}/{out['total_steps']}"
     if "eta_seconds" in out:

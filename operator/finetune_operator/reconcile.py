@@ -50,10 +50,14 @@ from finetune_operator.status import (
     Progress,
     Status,
     merge_progress,
+    parse_ts,
 )
 
 QUOTA_RETRY_SECONDS = 30.0  # a job waiting for quota or a namespace limit tries again this often
 QUEUE_REFRESH_SECONDS = 10.0  # a job Kueue holds re-reads its Workload's message this often
+# A rank of an elastic gang failed while its peers run: the node controller may not have marked a lost node yet (its
+# grace period is 40-50 s). The restart waits this long from the failure for the node to be seen down.
+NODE_LOSS_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class _Pass:
     settings: Settings
     plan: Plan
     lost_nodes: dict[str, str] = field(default_factory=dict)  # node name → why its pods may be force-deleted
+    down_nodes: dict[str, str] = field(default_factory=dict)  # node name → why it is down (elastic, on a failure)
 
     @property
     def st(self) -> Status:
@@ -137,6 +142,17 @@ class _Pass:
                     f"period ended: {why} (node {p.node}); its processes cannot be confirmed stopped",
                 )
 
+    def model_only_on_owned_claim(self) -> bool:
+        """The job failed exporting its model (it is on the output volume), and that volume is a claim the job owns."""
+        spec, failure = self.job.spec, self.st.failure
+        return (
+            spec is not None
+            and failure is not None
+            and failure.reason == "ExportFailed"
+            and spec.output.template is not None
+            and spec.output.reclaim_policy != "Retain"
+        )
+
     def overdue(self, pod: PodState) -> bool:
         """Still deleting ``restart_force_delete_after_seconds`` after the deadline its deletionTimestamp gives."""
         force_after = timedelta(seconds=self.settings.restart_force_delete_after_seconds)
@@ -145,6 +161,18 @@ class _Pass:
     def ttl(self) -> None:
         ttl, done = self.job.ttl_seconds_after_finished, self.st.completion_time
         if ttl is None or done is None:
+            return
+        if self.model_only_on_owned_claim():
+            # Deleting the job would delete its claim, and with it the only copy of the trained model.
+            message = (
+                "spec.ttlSecondsAfterFinished is not applied: the export failed and the trained model is only on the "
+                "output claim, which the job owns and would take with it. Copy the model out (or set "
+                "reclaimPolicy: Retain on the claim), then delete the job"
+            )
+            before = self.job.status.condition("TTLHeld")
+            self.st.set_condition("TTLHeld", True, "ModelOnlyOnClaim", message, now=self.now)
+            if before is None or not before.status:
+                self.event("Warning", "TTLHeld", message)
             return
         remaining = float(ttl) - (self.now - done).total_seconds()
         if remaining <= 0:
@@ -167,7 +195,14 @@ def decide(
     st = copy.deepcopy(job.status)
     st.observed_generation = job.generation
     observed = observed or Observed()
-    p = _Pass(job=job, now=now, settings=settings, plan=Plan(status=st), lost_nodes=observed.lost_nodes)
+    p = _Pass(
+        job=job,
+        now=now,
+        settings=settings,
+        plan=Plan(status=st),
+        lost_nodes=observed.lost_nodes,
+        down_nodes=observed.down_nodes,
+    )
     gang = Gang.of(pods, uid=job.ref.uid, attempt=st.attempt)
     _decide(p, gang, progress, observed)
     _placeholders(p, gang)
@@ -379,7 +414,9 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
     queued = any(pod.gated for pod in gang.current)
     if gang.current and not queued:
         _admitted(p)
-    if failure is not None:
+    if failure is not None and _node_loss_pending(p, spec, gang, failure):
+        pass
+    elif failure is not None:
         _restart_or_fail(p, spec, gang.current, failure)
     elif len(gang.current) == spec.nodes and gang.succeeded == spec.nodes:
         _close_attempt(p, spec, restarted=False)
@@ -398,7 +435,7 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         p.ttl()
     elif gang.running and gang.running + gang.succeeded == spec.nodes:
         if progress is not None:
-            st.progress = merge_progress(st.progress, progress, now=p.now)
+            st.progress = _at_least_the_checkpoint(merge_progress(st.progress, progress, now=p.now))
             st.history = history.record(st.history, progress, attempt=st.attempt)
         if not _grow(p, spec, gang):
             p.transition(
@@ -408,6 +445,16 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         _queued(p, gang, queue)
     else:
         _ranks_wait(p, spec, gang)
+
+
+def _at_least_the_checkpoint(progress: Progress) -> Progress:
+    """The job stands at least at its newest checkpoint: a new attempt resumes from it, often a later one than the
+    operator saw while the attempt before ran (the checkpoint saved as it stopped, for a drain or a resize)."""
+    ckpt = progress.last_checkpoint_step
+    if not ckpt or (progress.step or 0) >= ckpt:
+        return progress
+    total = progress.total_steps
+    return replace(progress, step=ckpt, step_of_total=f"{ckpt}/{total}" if total else None)
 
 
 def _queued_since_start(st: Status) -> bool:
@@ -550,6 +597,8 @@ def _resized(p: _Pass, spec: JobSpec, size: int, *, reason: str, why: str, lost_
         f"{before.gradient_accumulation_steps} -> {batch.gradient_accumulation_steps}, {kept}"
     )
     p.st.set_condition("Resized", True, reason, message, now=p.now)
+    if p.job.pdb_enabled:  # created again by the next attempt, with its size as minAvailable
+        p.plan.delete_objects.append(("PodDisruptionBudget", p.job.ref.name))
     if event:
         p.event("Normal" if reason == "Grown" else "Warning", reason, message)
     p.plan.resize = (reason, lost_steps)
@@ -571,11 +620,22 @@ def _resize(p: _Pass, spec: JobSpec, gang: Gang, size: int, *, reason: str, why:
     p.plan.requeue_after = 2.0
 
 
+def _finishing(p: _Pass, gang: Gang) -> bool:
+    """The attempt's training has ended on some rank (it exited 0), or rank 0 reported the last step (it saves, writes
+    its result or exports): a resize would cut that short and train again what is done."""
+    if gang.succeeded:
+        return True
+    progress = p.st.progress
+    total = progress.total_steps if progress is not None else None
+    return bool(progress is not None and total and (progress.step or 0) >= total)
+
+
 def _lost_ranks(p: _Pass, spec: JobSpec, current: list[PodState]) -> set[int]:
     """The ranks an ending attempt lost: disrupted (evicted, preempted, deleted), missing, or on a lost node."""
     lost = set(range(spec.nodes)) - {pod.rank for pod in current}
     for pod in current:
-        if (pod.failure is not None and pod.failure.disruption) or (pod.node and pod.node in p.lost_nodes):
+        gone = pod.node and (pod.node in p.lost_nodes or pod.node in p.down_nodes)
+        if (pod.failure is not None and pod.failure.disruption) or gone:
             lost.add(pod.rank)
     return lost
 
@@ -587,17 +647,14 @@ def _grow(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
     if full is None or full.elastic is None or el is None or spec.nodes >= full.nodes:
         return False
     running = [ph for ph in gang.placeholders if ph.running and ph.attempt == p.st.attempt]
-    if not running:
+    if not running or _finishing(p, gang):
         return False
     if el.last_resize_time is not None:
         wait = full.elastic.resize_cooldown_seconds - (p.now - el.last_resize_time).total_seconds()
         if wait > 0:
             p.plan.requeue_after = min(p.plan.requeue_after or wait, wait)
             return False
-    if el.capacity_since is not None:  # GPUs the placeholders held without training
-        held = (p.now - el.capacity_since).total_seconds() * full.gpus_per_node * el.placeholders_running
-        el.idle_gpu_seconds = round(el.idle_gpu_seconds + held, 3)
-        p.st.gpu_seconds_used = round((p.st.gpu_seconds_used or 0) + held, 3)
+    _bill_capacity(p, el)  # GPUs the placeholders held without training
     size = elastic.grown(full, spec.nodes, len(running))
     nodes = ", ".join(sorted({ph.node or "?" for ph in running}))
     _resize(
@@ -636,38 +693,72 @@ def _unschedulable(p: _Pass, spec: JobSpec, gang: Gang, waited: float) -> bool:
 
 def _placeholders(p: _Pass, gang: Gang) -> None:
     """An elastic job running below spec.nodes keeps one placeholder per missing rank (builders.build_placeholder);
-    any other placeholder goes (an earlier attempt's, or the job no longer running below its size)."""
+    any other placeholder goes (an earlier attempt's, or the job no longer running below its size). A set one of whose
+    pods finished (preempted, evicted, failed) is replaced whole, as a new generation: under Kueue a new pod group,
+    since Kueue admits no new pod into a finished group. The GPUs running placeholders hold are counted when they stop
+    holding them, whether a grow used them or not."""
     full, st = p.job.spec, p.st
     el = st.elastic
     missing = 0
     if full is not None and full.elastic is not None and el is not None and st.state == RUNNING:
         missing = full.nodes - el.current_nodes
     wanted = {placeholder_name(p.job.ref.name, i) for i in range(missing)}
-    keep = [
-        ph
-        for ph in gang.placeholders
-        if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting and not ph.finished
-    ]  # a finished one (failed, evicted) goes, and comes again on a later pass
+    ours = [ph for ph in gang.placeholders if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting]
+    replaced = el is not None and any(ph.finished for ph in ours)
+    keep = [] if replaced else ours
     p.delete([ph for ph in gang.placeholders if ph not in keep], grace_seconds=1)
     if el is None:
         return
+    if replaced:
+        el.placeholder_generation += 1
     running = sum(1 for ph in keep if ph.running)
     if running and el.capacity_since is None:
         el.capacity_since = p.now
-    elif not running:
+    elif not running and el.capacity_since is not None:
+        _bill_capacity(p, el)
         el.capacity_since = None
     el.placeholders_running = running
     if not missing or full is None or p.plan.create:
         return
     held = {ph.name for ph in gang.placeholders}  # a name still held by a deleting one is created on a later pass
     sized = elastic.sized(full, el.current_nodes)
+    if image := _admitted_image(st):
+        sized = replace(sized, image=image)  # the attempt's image (a runtime's, say): the one a grow will pull
     p.plan.create = [
-        build_placeholder(p.job.ref, sized, index=i, count=missing, attempt=st.attempt, settings=p.settings)
+        build_placeholder(
+            p.job.ref,
+            sized,
+            index=i,
+            count=missing,
+            attempt=st.attempt,
+            settings=p.settings,
+            generation=el.placeholder_generation,
+        )
         for i in range(missing)
         if placeholder_name(p.job.ref.name, i) not in held
     ]
     if len(keep) < len(gang.placeholders) or p.plan.create:  # some are going: look again soon
         p.plan.requeue_after = min(p.plan.requeue_after or 2.0, 2.0)
+
+
+def _admitted_image(st: Status) -> str | None:
+    """The trainer image the current attempt was admitted with (status.runtime's effective values)."""
+    for value in (st.runtime or {}).get("values") or []:
+        if isinstance(value, dict) and value.get("field") == "spec.image" and value.get("value"):
+            return str(value["value"])
+    return None
+
+
+def _bill_capacity(p: _Pass, el: Elastic) -> None:
+    """The GPUs the running placeholders held since ``capacity_since``, without training: idle, and used."""
+    full = p.job.spec
+    if el.capacity_since is None or full is None:
+        return
+    before = p.job.status.elastic
+    count = before.placeholders_running if before is not None else el.placeholders_running
+    held = max(0.0, (p.now - el.capacity_since).total_seconds()) * full.gpus_per_node * count
+    el.idle_gpu_seconds = round(el.idle_gpu_seconds + held, 3)
+    p.st.gpu_seconds_used = round((p.st.gpu_seconds_used or 0) + held, 3)
 
 
 # -- endings ----------------------------------------------------------------------------------------------------
@@ -716,12 +807,38 @@ def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> int:
     return lost
 
 
+def _node_loss_pending(p: _Pass, spec: JobSpec, gang: Gang, failure: Failure) -> bool:
+    """An elastic gang's rank failed (a training error, a timeout) while peers still run on nodes not seen down: a
+    peer's node may be lost and its survivors fail first. The restart waits, up to NODE_LOSS_WAIT_SECONDS from the
+    failure, for the node controller to mark it (then it is a disruption, and the job shrinks). Whether it waits."""
+    if spec.elastic is None or failure.disruption or failure.permanent or failure.reason == "RendezvousTimeout":
+        return False
+    peers = [pod for pod in gang.current if pod.running and pod.node]
+    if not peers or any(pod.node in p.down_nodes for pod in gang.current if pod.node):
+        return False
+    failed_at = parse_ts(failure.finished_at) if failure.finished_at else None
+    waited = (p.now - failed_at).total_seconds() if failed_at is not None else NODE_LOSS_WAIT_SECONDS
+    if waited >= NODE_LOSS_WAIT_SECONDS:
+        return False
+    p.plan.requeue_after = min(5.0, max(1.0, NODE_LOSS_WAIT_SECONDS - waited))
+    return True
+
+
 def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: Failure) -> None:
     """A gang restart when the failure is retryable and the budget allows (disruptions against the operator's
-    limit, other failures against spec.maxRestarts), else the job fails keeping the failed rank's pod."""
+    limit, other failures against spec.maxRestarts), else the job fails keeping the failed rank's pod.
+    For an elastic job, a failure while a rank's node is down is that node's loss (a disruption: the job shrinks), and
+    a rendezvous timeout while ranks wait for the scheduler is waiting, not a fault: restarted without counting."""
     st, limit = p.st, p.settings.max_disruptions
+    waiting = False
+    if spec.elastic is not None and not failure.permanent:
+        down = sorted({pod.node for pod in current if pod.node and pod.node in p.down_nodes})
+        if down and not failure.disruption:
+            why = "; ".join(f"{n}: {p.down_nodes[n]}" for n in down)
+            failure = replace(failure, disruption=True, message=f"node(s) lost ({why}); {failure.message}")
+        waiting = failure.reason == "RendezvousTimeout" and any(pod.node is None for pod in current)
     will_restart = not failure.permanent and (
-        st.disruptions < limit if failure.disruption else st.restarts < spec.max_restarts
+        waiting or (st.disruptions < limit if failure.disruption else st.restarts < spec.max_restarts)
     )
     lost_steps = _close_attempt(p, spec, restarted=will_restart)
     if not will_restart:
@@ -735,7 +852,9 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
             )
         _fail(p, current, failure, keep=failure.pod_name)
         return
-    if failure.disruption:
+    if waiting:
+        pass
+    elif failure.disruption:
         st.disruptions += 1
     else:
         st.restarts += 1
@@ -758,7 +877,13 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
     )
     p.delete(current, grace_seconds=grace)
     p.plan.restart_reason = failure.reason
-    counted = "not counted: disruption" if failure.disruption else f"restart {st.restarts}/{spec.max_restarts}"
+    counted = (
+        "not counted: ranks wait for the scheduler"
+        if waiting
+        else "not counted: disruption"
+        if failure.disruption
+        else f"restart {st.restarts}/{spec.max_restarts}"
+    )
     p.transition(
         RESTARTING,
         failure.reason,

@@ -87,6 +87,10 @@ def _read(conn: http.client.HTTPConnection, url: str, path: str, left: Callable[
 
 
 SLOW_SECONDS = DEADLINE_SECONDS / 2  # a scrape that took this long sends its job's next ones to the slow lane
+# An attempt whose rank 0 has not reported a step yet (its trainer starting, its page not served) is scraped again this
+# soon, at most this many times: its first progress shows within seconds of the loop starting, not an interval later.
+START_RETRY_SECONDS = 2.0
+START_RETRIES = 60
 
 
 class Scraper:
@@ -101,6 +105,7 @@ class Scraper:
         *,
         interval: float,
         on_done: Callable[[Key], None],
+        on_retry: Callable[[Key, float], None] | None = None,
         workers: int = 3,
         new_workers: int = 1,
         slow_workers: int = 1,
@@ -109,6 +114,7 @@ class Scraper:
     ) -> None:
         self.interval = interval
         self.on_done = on_done
+        self.on_retry = on_retry
         self.fetch = fetch
         self.clock = clock
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scrape")
@@ -119,6 +125,7 @@ class Scraper:
         self._inflight: set[Key] = set()
         self._was_slow: dict[Key, bool] = {}  # whether each job's last scrape was slow (absent: not scraped yet)
         self._done: dict[Key, tuple[str, int, Progress]] = {}  # url and attempt scraped, what came back
+        self._starting: dict[Key, tuple[int, int]] = {}  # (attempt, scrapes without a step) until a step shows
 
     def take(self, key: Key, url: str | None, *, nodes: int, attempt: int) -> Progress | None:
         """The newest finished scrape of the job's rank 0 at ``url`` in ``attempt`` (once; a scrape of an earlier
@@ -156,14 +163,32 @@ class Scraper:
                 self._was_slow[key] = took >= SLOW_SECONDS
             if progress is not None and key in self._started:
                 self._done[key] = (url, attempt, progress)
+            retry = self._soon_again(key, attempt, stepping=progress is not None and progress.step is not None)
         if progress is not None:
             self.on_done(key)
+        if retry is not None and self.on_retry is not None:
+            self.on_retry(key, retry)
+
+    def _soon_again(self, key: Key, attempt: int, *, stepping: bool) -> float | None:
+        """After a scrape of ``attempt`` that saw no step: due again in START_RETRY_SECONDS (the seconds to wait), a
+        bounded number of times per attempt; None once a step shows. Holds the lock."""
+        if stepping or key not in self._started:
+            self._starting.pop(key, None)
+            return None
+        seen, empty = self._starting.get(key, (attempt, 0))
+        empty = empty + 1 if seen == attempt else 1
+        self._starting[key] = (attempt, empty)
+        if empty > START_RETRIES or self.interval <= START_RETRY_SECONDS:
+            return None
+        self._started[key] = time.monotonic() - self.interval + START_RETRY_SECONDS
+        return START_RETRY_SECONDS
 
     def forget(self, key: Key) -> None:
         with self._lock:
             self._started.pop(key, None)
             self._done.pop(key, None)
             self._was_slow.pop(key, None)
+            self._starting.pop(key, None)
 
     def shutdown(self) -> None:
         for pool in (self._pool, self._new_pool, self._slow_pool):

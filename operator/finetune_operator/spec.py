@@ -932,8 +932,43 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
         ),
     )
     check_extra_args(job_spec, errors)
+    _check_elastic(job_spec, errors)
     errors.raise_any()
     return job_spec
+
+
+def inexact_sizes(spec: JobSpec) -> list[int]:
+    """The sizes in [minNodes, nodes] at which no whole gradient accumulation gives the global batch asked at
+    spec.nodes: the rows per step of such a size do not divide it (per-device batch x processes x size)."""
+    if spec.elastic is None:
+        return []
+    asked = spec.training.gradient_accumulation_steps * spec.nodes  # in micro-batches of one node's processes
+    return [size for size in range(spec.elastic.min_nodes, spec.nodes) if asked % size]
+
+
+def _check_elastic(spec: JobSpec, errors: _Errors) -> None:
+    """An elastic job keeps its global batch exactly at every size, and shrinks before its ranks time out."""
+    el = spec.elastic
+    if el is None or not 1 <= el.min_nodes <= spec.nodes:
+        return
+    if inexact := inexact_sizes(spec):
+        asked = spec.training.gradient_accumulation_steps * spec.nodes
+        fits = [s for s in range(1, spec.nodes + 1) if asked % s == 0]
+        errors.add(
+            "spec.elastic.minNodes",
+            f"the global batch (spec.nodes x gradientAccumulationSteps = {asked} micro-batches) cannot be kept "
+            f"exactly at {', '.join(map(str, inexact))} node(s): the epoch length and learning-rate schedule would "
+            f"change with the size. Raise minNodes, or set spec.training.gradientAccumulationSteps so that every size "
+            f"from minNodes to spec.nodes divides spec.nodes x gradientAccumulationSteps (sizes that divide "
+            f"{asked} now: {', '.join(map(str, fits))})",
+        )
+    if el.unschedulable_seconds >= spec.rendezvous_timeout_seconds:
+        errors.add(
+            "spec.elastic.unschedulableSeconds",
+            f"is {el.unschedulable_seconds}s, not less than spec.rendezvousTimeoutSeconds "
+            f"({spec.rendezvous_timeout_seconds}s): the placed ranks would time out waiting for the unplaced ones "
+            "before the job shrinks to them. Lower unschedulableSeconds or raise spec.rendezvousTimeoutSeconds",
+        )
 
 
 _JSON_TYPE = {

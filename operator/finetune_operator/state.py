@@ -205,3 +205,20 @@ def node_lost(node: dict[str, Any] | None, *, mode: str, now: datetime, after_se
         if since is not None and (now - since).total_seconds() >= after_seconds:
             return f"the node has been Ready={c.get('status')} since {c.get('lastTransitionTime')}"
     return None
+
+
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+
+
+def node_down(node: dict[str, Any] | None) -> str | None:
+    """Why ``node`` cannot run a rank now (gone, unreachable, out of service, or not Ready), or None. Read for an
+    elastic gang whose rank failed while its peers run: a node lost is a disruption, and the job shrinks."""
+    if node is None:
+        return "the node is gone"
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("key") in (UNREACHABLE_TAINT, OUT_OF_SERVICE_TAINT):
+            return f"the node is tainted {taint.get('key')}"
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") != "True":
+            return f"the node is Ready={c.get('status')} since {c.get('lastTransitionTime')}"
+    return None

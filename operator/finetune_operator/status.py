@@ -128,8 +128,9 @@ class Elastic:
     asked_global_batch_size: int
     resizes: int = 0
     steps_lost_to_resizes: int = 0
-    idle_gpu_seconds: float = 0.0  # GPUs held without training: placeholders that ran before a grow
+    idle_gpu_seconds: float = 0.0  # GPUs held without training: running placeholders, grown or not
     placeholders_running: int = 0
+    placeholder_generation: int = 0  # a set of placeholders with a finished pod is replaced whole, in a new pod group
     capacity_since: datetime | None = None  # since when a placeholder has run (the capacity a grow waits to use)
     last_resize_time: datetime | None = None
     last_resize: str | None = None  # Shrunk | Grown

@@ -923,3 +923,29 @@ def test_training_arguments_carry_the_typed_fields_and_recompute_nothing_unasked
     asked = parse_config(deep_merge(tiny_config(tmp_path / "out", configVersion="1.4"),
                                     deep_merge(over, {"training": {"activationCheckpointing": True}})))  # fmt: skip
     assert build_training_args(asked, backend, ident, cuda=False, precision="fp32").gradient_checkpointing is True
+
+
+@pytest.mark.parametrize(
+    ("over", "same"),
+    [
+        ({"training": {"maxSteps": 90}}, True),  # a run continued further
+        ({"training": {"gradientAccumulationSteps": 4, "globalBatchSize": 64}}, False),  # another global batch
+        ({"training": {"checkpointEverySteps": 3, "keepCheckpoints": 5, "kernels": "none"}}, True),
+        ({"training": {"extraArgs": {"logging_steps": 5, "ddp_timeout": 60}}}, True),  # the operator's, from a deadline
+        ({"training": {"learningRate": 0.001}}, False),
+        ({"training": {"extraArgs": {"logging_steps": 5, "weight_decay": 0.1}}}, False),
+        ({"dataset": {"textField": "label"}}, False),
+        ({"model": {"revision": "v2"}}, False),
+        ({"task": "causal-lm"}, False),
+    ],
+    ids=["longer", "batch", "cadence", "ddp-timeout", "lr", "extra-arg", "data", "model", "task"],
+)
+def test_a_run_is_what_decides_its_result(tmp_path: Path, over: dict[str, Any], same: bool) -> None:
+    """runid: the settings an elastic resize, a continuation or an edited deadline change keep the run; what changes
+    the trained weights makes another one."""
+    from finetune_trainer import runid
+
+    base = {"training": {"globalBatchSize": 32, "gradientAccumulationSteps": 2}}
+    one = parse_config(valid(tmp_path, **base))
+    other = parse_config(valid(tmp_path, **deep_merge(base, over)))
+    assert (runid.run_id(one) == runid.run_id(other)) is same

@@ -196,7 +196,7 @@ def test_pdb_lives_while_the_gang_can_run() -> None:
     plan = decided(job(nodes=3, **pdb_spec), [])
     pdb = next(o for o in plan.create if o["kind"] == "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 3
-    assert pdb["spec"]["selector"] == {"matchLabels": {"finetune.dev/job-name": "ft"}}
+    assert pdb["spec"]["selector"]["matchLabels"] == {"finetune.dev/job-name": "ft"}
     assert pdb["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     suspended = decided(job(plan.status, nodes=3, suspend=True, **pdb_spec), [])
     assert suspended.delete_objects == [("PodDisruptionBudget", "ft")]

@@ -20,7 +20,7 @@ ELASTIC = {"minNodes": 1, "resizeCooldownSeconds": 60, "unschedulableSeconds": 3
 
 
 def elastic_job(status: dict[str, Any], *, nodes: int = 2, **over: Any) -> dict[str, Any]:
-    training = {"maxSteps": 100, "perDeviceBatchSize": 8, "gradientAccumulationSteps": 1}
+    training = over.pop("training", {"maxSteps": 100, "perDeviceBatchSize": 8, "gradientAccumulationSteps": 1})
     return job(status, nodes=nodes, elastic=over.pop("elastic", ELASTIC), training=training, **over)
 
 
@@ -59,7 +59,7 @@ def test_every_size_trains_the_asked_global_batch_or_the_nearest_whole_accumulat
         base_spec(
             nodes=nodes,
             procsPerNode=procs,
-            elastic={"minNodes": 1},
+            elastic={"minNodes": nodes},  # parse_spec refuses inexact sizes in [minNodes, nodes]: arithmetic alone
             training={"maxSteps": 10, "perDeviceBatchSize": 4, "gradientAccumulationSteps": accum},
         )
     )
@@ -78,10 +78,11 @@ def test_every_size_trains_the_asked_global_batch_or_the_nearest_whole_accumulat
 
 
 def test_an_inexact_size_takes_the_nearer_accumulation_and_the_larger_on_a_tie() -> None:
-    three = parse_spec(base_spec(nodes=3, elastic={"minNodes": 1}, training={"maxSteps": 1, "perDeviceBatchSize": 8}))
+    # (parse_spec refuses such sizes within [minNodes, nodes]: batch_at's arithmetic alone, at sizes below minNodes)
+    three = parse_spec(base_spec(nodes=3, elastic={"minNodes": 3}, training={"maxSteps": 1, "perDeviceBatchSize": 8}))
     # asked 24: two nodes give 16 or 32 rows per step, as near; the larger
     assert (batch_at(three, 2).gradient_accumulation_steps, batch_at(three, 2).global_batch_size) == (2, 32)
-    five = parse_spec(base_spec(nodes=5, elastic={"minNodes": 1}, training={"maxSteps": 1, "perDeviceBatchSize": 8}))
+    five = parse_spec(base_spec(nodes=5, elastic={"minNodes": 5}, training={"maxSteps": 1, "perDeviceBatchSize": 8}))
     # asked 40: three nodes give 24 (16 short) or 48 (8 over): 48
     assert batch_at(five, 3).global_batch_size == 48
     # asked 40: four nodes give 32 (8 short) or 64 (24 over): 32
@@ -92,7 +93,7 @@ def test_a_sized_spec_is_the_gang_its_config_and_its_batch_at_that_size() -> Non
     from finetune_operator.builders import JobRef, build_config_map, build_pods
     from finetune_operator.settings import Settings
 
-    spec = parse_spec(base_spec(nodes=4, elastic={"minNodes": 1}, training={"maxSteps": 9, "perDeviceBatchSize": 2}))
+    spec = parse_spec(base_spec(nodes=4, elastic={"minNodes": 4}, training={"maxSteps": 9, "perDeviceBatchSize": 2}))
     two = sized(spec, 2)
     ref = JobRef("ft", "ns", "uid-1")
     pods = build_pods(ref, two, attempt=3, settings=Settings())
@@ -156,7 +157,12 @@ def test_a_failure_that_is_no_disruption_restarts_at_the_same_size() -> None:
 
 def test_never_below_min_nodes() -> None:
     plan = decided(
-        elastic_job(dict(STARTED), nodes=3, elastic={"minNodes": 2}),
+        elastic_job(
+            dict(STARTED),
+            nodes=3,
+            elastic={"minNodes": 2},
+            training={"maxSteps": 100, "perDeviceBatchSize": 8, "gradientAccumulationSteps": 2},  # exact at 2 and 3
+        ),
         [
             running(0),
             running(1, pod_reason="Evicted", phase="Failed"),

@@ -147,3 +147,12 @@ def test_the_trainers_summary_fits_a_termination_message_and_the_operator_reads_
     pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = "plain text from an older image"
     assert completion_result(pod) is None
     assert completion_result({"status": {"phase": "Failed"}}) is None
+
+
+def test_the_result_of_a_resumed_attempt_adds_only_its_own_steps() -> None:
+    """result.json's curves cover the whole run; the points up to the step an attempt resumed from are earlier
+    attempts' (their scrapes recorded them), never relabelled as the last attempt's."""
+    h = History(train=(TrainPoint(0, 100, 3.0, 10.0), TrainPoint(1, 300, 2.0, 10.0)))
+    result = {"steps": 400, "resumedFromStep": 262, "loss": [[50, 3.5], [100, 3.0], [262, 2.4], [300, 2.0], [400, 1.5]]}
+    done = history.record_result(h, result, attempt=2)
+    assert [(p.attempt, p.step) for p in done.train] == [(0, 100), (1, 300), (2, 300), (2, 400)]

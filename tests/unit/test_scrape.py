@@ -198,3 +198,54 @@ def test_slow_pages_are_scraped_in_a_lane_of_their_own() -> None:
         until(lambda: s.slow() == 5, "h0 back among the quick ones, h1-h5 slow")
     finally:
         s.shutdown()
+
+
+def test_an_attempt_that_has_not_stepped_yet_is_scraped_again_within_seconds() -> None:
+    """A new attempt's rank 0 refuses (its trainer starting) or serves no step yet: the next scrape is due in
+    START_RETRY_SECONDS, not a whole interval later; once a step shows, the interval again."""
+    import time
+
+    from finetune_operator.scrape import START_RETRY_SECONDS, Scraper
+
+    pages = iter(
+        [
+            ConnectionRefusedError("not serving yet"),
+            "finetune_checkpoint_last_step 262\n",  # serving, the loop not started: the checkpoint it resumes
+            "finetune_train_step 263\nfinetune_train_total_steps 1200\nfinetune_checkpoint_last_step 262\n",
+        ]
+    )
+
+    def fetch(url: str) -> str:
+        page = next(pages)
+        if isinstance(page, Exception):
+            raise page
+        return page
+
+    retries: list[float] = []
+    done: list[tuple[str, str]] = []
+    s = Scraper(interval=60, on_done=done.append, on_retry=lambda key, after: retries.append(after), fetch=fetch)
+    key = ("ns", "ft")
+
+    def scrape_once() -> object:
+        before = len(retries) + len(done)
+        assert s.take(key, "http://r0/", nodes=1, attempt=2) is None  # started (the result comes back later)
+        deadline = time.monotonic() + 10
+        while len(retries) + len(done) == before:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return s.take(key, None, nodes=1, attempt=2) if done else None
+
+    try:
+        scrape_once()
+        assert retries == [START_RETRY_SECONDS] and not done  # refused: due again in seconds
+        time.sleep(START_RETRY_SECONDS)
+        s.take(key, "http://r0/", nodes=1, attempt=2)  # due again well before the 60 s interval
+        deadline = time.monotonic() + 10
+        while not done:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert len(retries) == 2  # no step yet: again in seconds
+        progress = s.take(key, "http://r0/", nodes=1, attempt=2)
+        assert progress is not None and progress.last_checkpoint_step == 262 and progress.step is None
+    finally:
+        s.shutdown()

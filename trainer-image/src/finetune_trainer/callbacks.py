@@ -38,6 +38,14 @@ def _dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+class RunComplete(Exception):
+    """Raised by every rank at the same step when the run resumed at its last step: nothing is left to train."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"the run already reached its last step ({step})")
+        self.step = step
+
+
 class CheckpointCallback(TrainerCallback):
     """* At every step end, all ranks agree on "someone got SIGTERM" (an all-reduce MAX of one integer on a
       CPU/gloo group, so it never synchronises the GPU); when agreed, every rank saves and stops together. If a peer
@@ -67,12 +75,23 @@ class CheckpointCallback(TrainerCallback):
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer resumed at (or past) its last step trains one step more before it checks max_steps (whenever
+        # the updates per epoch do not divide it): the run is over, and not one more row is trained.
+        if state.max_steps and state.global_step >= state.max_steps:
+            raise RunComplete(state.global_step)
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.stop.agreed and self._agree():
-            self.stop.agreed = True
-            log.warning("stop agreed by all ranks at step %d: saving and exiting", state.global_step)
-            control.should_save = True
-            control.should_training_stop = True
+            if state.max_steps and state.global_step >= state.max_steps:
+                # A SIGTERM at the last step: the run is over; it ends as a run does (the final model and result.json,
+                # exit 0) within the grace period, instead of a checkpoint that the next attempt resumes to do nothing.
+                log.warning("stop requested at the last step (%d): finishing the run", state.global_step)
+            else:
+                self.stop.agreed = True
+                log.warning("stop agreed by all ranks at step %d: saving and exiting", state.global_step)
+                control.should_save = True
+                control.should_training_stop = True
         if control.should_save:
             self._save_started = time.perf_counter()
             if state.is_world_process_zero:

@@ -108,15 +108,19 @@ def result_summary(result: dict[str, Any]) -> dict[str, Any]:
     attempt, the job's steady samples/s, the logged losses ``[step, loss]`` (at most :data:`MAX_RESULT_LOSS_POINTS`,
     evenly spread, the last one kept) and the evaluations ``[step, loss]`` (at most :data:`MAX_RESULT_EVAL_POINTS`).
     About 2 KB at most: the termination message keeps 4 KB."""
-    losses = [[int(s), v] for s, loss in result.get("loss_history") or [] if (v := _num(loss)) is not None]
+    start = result.get("resumed_from_step") or 0  # the curves before it are earlier attempts': the status has them
+    losses = [
+        [int(s), v] for s, loss in result.get("loss_history") or [] if (v := _num(loss)) is not None and s > start
+    ]
     evals = [
         [int(e["step"]), v]
         for e in result.get("eval_history") or []
-        if e.get("step") is not None and (v := _num(e.get("loss"))) is not None
+        if e.get("step") is not None and (v := _num(e.get("loss"))) is not None and e["step"] > start
     ]
     return {
         "steps": result.get("steps"),
         "attempt": result.get("attempt"),
+        "resumedFromStep": result.get("resumed_from_step"),  # the losses up to it are earlier attempts'
         "samplesPerSecond": _num(result.get("samples_per_second")),
         "loss": _evenly(losses, MAX_RESULT_LOSS_POINTS),
         "eval": _evenly(evals, MAX_RESULT_EVAL_POINTS),

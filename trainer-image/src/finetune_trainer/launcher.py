@@ -306,6 +306,10 @@ def run() -> int:
         import torch
 
         validate(config, run_env, cuda_available=torch.cuda.is_available())
+        if run_env.node_rank == 0:
+            from finetune_trainer import runid
+
+            log.info("run %s", runid.claim(config))  # refuses another run's checkpoints and model
     except ConfigError as e:
         return _fail(errors.EXIT_CONFIG_ERROR, str(e))
     podlog.start(config.output_path, run_env.attempt, run_env.node_rank)

@@ -20,7 +20,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnose, evaluation, resumption, sharding
-from finetune_trainer.callbacks import CheckpointCallback, StopFlag
+from finetune_trainer.callbacks import CheckpointCallback, RunComplete, StopFlag
 from finetune_trainer.config import Config, load_config, model_head
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
 from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics, peak_flops
@@ -357,6 +357,69 @@ def attempt_record(config: Config, ident: Identity, setup: Setup, **end: Any) ->
     }
 
 
+def attempt_figures(ident: Identity, setup: Setup, metrics_cb: Any, runtime: float, *, steps: int) -> dict[str, Any]:
+    """What one attempt trained, job-wide (this node's counts x nodes: every node runs the same batches), for its end
+    record: the run's result.json adds them up over the attempts."""
+    return {
+        "steps_trained": steps,
+        "samples": metrics_cb.total_samples * ident.nnodes,
+        "tokens": metrics_cb.total_tokens * ident.nnodes,
+        "steady_samples": metrics_cb.steady_samples * ident.nnodes,
+        "steady_tokens": metrics_cb.steady_tokens * ident.nnodes,
+        "steady_seconds": metrics_cb.steady_seconds,
+        "runtime_seconds": round(runtime, 3),
+        "time_to_first_step_seconds": metrics_cb.time_to_first_step,
+        "startup": {k: round(v, 3) for k, v in setup.phases.items()},
+    }
+
+
+ATTEMPT_SUMMARY = (
+    "attempt",
+    "nodes",
+    "world_size",
+    "gradient_accumulation_steps",
+    "resumed_from_step",
+    "last_step",
+    "steps_trained",
+    "samples",
+    "stopped_by_signal",
+    "runtime_seconds",
+    "time_to_first_step_seconds",
+)
+
+
+def run_totals(config: Config, ident: Identity) -> dict[str, Any]:
+    """The run so far, from every attempt's end record up to this one: rows and tokens trained, the steady rates (all
+    steady rows over all steady seconds), and one entry per attempt. An attempt that ended without a record (a crash)
+    trained nothing that was kept past its newest checkpoint, and is listed with what it recorded at its start."""
+    records = []
+    for n in range(ident.attempt + 1):
+        path = os.path.join(config.output_path, "attempts", f"attempt-{n}.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                records.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+
+    def total(key: str) -> float:
+        return sum(r.get(key) or 0 for r in records)
+
+    seconds = total("steady_seconds")
+    return {
+        "samples": int(total("samples")),
+        "tokens": int(total("tokens")),
+        "samples_per_second": total("steady_samples") / seconds if seconds > 0 else None,
+        "tokens_per_second": total("steady_tokens") / seconds if seconds > 0 else None,
+        "attempts": [
+            {
+                **{k: r.get(k) for k in ATTEMPT_SUMMARY if k in r},
+                "samples_per_second": r["steady_samples"] / r["steady_seconds"] if r.get("steady_seconds") else None,
+            }
+            for r in records
+        ],
+    }
+
+
 def record_agreed_stop(step: int) -> None:
     """Tell this node's launcher that the workers stopped by the ranks' agreement (``FINETUNE_STOP_FILE``, in the
     launcher's temp dir). torchrun reports a worker's exit 143 as its own exit 1 and no error file, so without this
@@ -678,7 +741,14 @@ def run_training(built: Built, setup: Setup, ds: Data, stop: StopFlag, *, config
     if ident.rank == 0:
         _write_json(attempt_record_path(config, ident), attempt_record(config, ident, setup))
     started = time.perf_counter()
-    output = trainer.train(resume_from_checkpoint=setup.resume.path if setup.resume else None)
+    try:
+        output = trainer.train(resume_from_checkpoint=setup.resume.path if setup.resume else None)
+    except RunComplete as done:  # resumed at the last step: the checkpoint's weights are the final model
+        from transformers.trainer_utils import TrainOutput
+
+        log.info("%s: nothing left to train; writing the final model and the run's result", done)
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        output = TrainOutput(trainer.state.global_step, losses[-1] if losses else math.nan, {})
     runtime = time.perf_counter() - started
     history = built.metrics_cb.eval_history
     if ds.eval is not None and not stop.agreed and (not history or history[-1]["step"] != trainer.state.global_step):
@@ -727,6 +797,7 @@ def save_results(
             "attempt": ident.attempt,
         },
     )
+    resumed_from = resume.step if resume else 0
     if ident.rank == 0:
         _write_json(
             attempt_record_path(config, ident),
@@ -736,7 +807,8 @@ def save_results(
                 setup,
                 last_step=state.global_step,
                 stopped_by_signal=stop.agreed,
-                loss_history=[h for h in losses if resume is None or h[0] > resume.step],
+                loss_history=[h for h in losses if h[0] > resumed_from],
+                **attempt_figures(ident, setup, metrics_cb, runtime, steps=state.global_step - resumed_from),
             ),
         )
     if stop.agreed:
@@ -757,9 +829,8 @@ def save_results(
     if ident.rank == 0:
         for c in checkpoints.apply_retention(config.checkpoints_dir, config.training.keep_checkpoints, finished=True):
             log.info("retention: removed %s (the run is over)", c.path)
-        resumed_from = resume.step if resume else 0
         steps_run = state.global_step - resumed_from
-        samples_per_s, tokens_per_s = metrics_cb.steady_rates()  # this node's; every node runs the same batches
+        whole = run_totals(config, ident)
         _write_json(
             config.result_path,
             {
@@ -769,12 +840,11 @@ def save_results(
                 "final_loss": final_loss,
                 "train_loss_mean": output.training_loss,
                 "loss_history": losses,
-                # Steady state, as the status and the Prometheus gauges show it (job-wide: nodes x node rate);
-                # start-up and warm-up are the separate figures below.
-                "samples_per_second": samples_per_s * ident.nnodes if samples_per_s is not None else None,
-                "tokens_per_second": tokens_per_s * ident.nnodes if tokens_per_s is not None else None,
-                "samples": metrics_cb.total_samples * ident.nnodes,
-                "tokens": metrics_cb.total_tokens * ident.nnodes,
+                # The whole run, every attempt together (attempts/attempt-<n>.json, one entry each in "attempts"):
+                # the rows and tokens trained, and the steady state as the status and the Prometheus gauges show it
+                # (job-wide: nodes x node rate, over the steps after each attempt's first); start-up and warm-up are
+                # this attempt's separate figures below.
+                **whole,
                 "runtime_seconds": runtime,
                 "time_to_first_step_seconds": metrics_cb.time_to_first_step,
                 "warmup_seconds": metrics_cb.first_step_seconds,

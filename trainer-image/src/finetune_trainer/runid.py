@@ -1,0 +1,115 @@
+"""A run's identity on its output volume: ``run.json``, a digest of what decides the result (task, model, dataset and
+the training settings that change the trained weights), written before the first step. A job whose output path holds
+another run's checkpoints, model or result (a job re-created under a finished job's name with another dataset, say)
+is refused before any work: it would resume that run's checkpoint, train nothing or the wrong thing, and overwrite
+its model. Settings that may change between attempts of one run are not part of it: the accumulation (an elastic
+job's size), the length (``maxSteps``/``epochs``: a run may be continued further), checkpointing and evaluation
+cadence, kernels and the collective timeout."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+from finetune_trainer.checkpoints import latest_complete
+from finetune_trainer.config import Config
+from finetune_trainer.errors import ConfigError
+
+RUN_FILE = "run.json"
+# Training settings that do not make another run (TrainingConfig's field names).
+NOT_IDENTITY = (
+    "epochs",
+    "max_steps",
+    "gradient_accumulation_steps",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "eval_strategy",
+    "eval_every_steps",
+    "kernels",
+    "activation_checkpointing",
+)
+OPERATIONAL_ARGS = ("ddp_timeout",)  # extraArgs the operator sets from the job's deadline
+
+
+def identity(config: Config) -> dict[str, Any]:
+    """What decides the run's result, as plain JSON."""
+    training = dataclasses.asdict(config.training)
+    for key in NOT_IDENTITY:
+        training.pop(key, None)
+    training["extra_args"] = {k: v for k, v in training["extra_args"].items() if k not in OPERATIONAL_ARGS}
+    if config.training.global_batch_size is None:  # not elastic: the accumulation is the job's own, and fixed
+        training["gradient_accumulation_steps"] = config.training.gradient_accumulation_steps
+    model = dataclasses.asdict(config.model)
+    model.pop("trust_remote_code", None)
+    return {"task": config.task, "model": model, "dataset": dataclasses.asdict(config.dataset), "training": training}
+
+
+def run_id(config: Config) -> str:
+    text = json.dumps(identity(config), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _describe(record: dict[str, Any]) -> str:
+    ident = record.get("identity") or {}
+    model, dataset = ident.get("model") or {}, ident.get("dataset") or {}
+    what = model.get("name") or model.get("path") or "?"
+    data = dataset.get("name") or dataset.get("path") or "?"
+    job = record.get("job") or {}
+    where = f"{job.get('namespace', '?')}/{job.get('name', '?')}"
+    return f"job {where}, task {ident.get('task', '?')}, model {what}, data {data}"
+
+
+def _held(config: Config) -> list[str]:
+    """What of a run the output path holds."""
+    held = []
+    if (ckpt := latest_complete(config.checkpoints_dir)) is not None:
+        held.append(f"checkpoints (newest: step {ckpt.step})")
+    if os.path.isdir(config.model_dir):
+        held.append("a trained model")
+    if os.path.isfile(config.result_path):
+        held.append("result.json")
+    return held
+
+
+def claim(config: Config) -> str:
+    """The output path for this run (node rank 0's launcher, before training): ``run.json`` written if absent, or
+    checked. Returns the run id. Raises :class:`ConfigError` (exit 78, never retried) when the path holds another
+    run's work; nothing is removed. A path with checkpoints but no ``run.json`` (written before run ids) is adopted."""
+    path = os.path.join(config.output_path, RUN_FILE)
+    mine = run_id(config)
+    try:
+        with open(path, encoding="utf-8") as f:
+            theirs = json.load(f)
+    except FileNotFoundError:
+        theirs = None
+    except (OSError, ValueError):
+        theirs = {}  # unreadable: judged by what the path holds
+    if theirs is not None and theirs.get("runId") == mine:
+        return mine
+    if theirs is not None and (held := _held(config)):
+        raise ConfigError(
+            "output.path",
+            f"{config.output_path!r} holds {', '.join(held)} of another run (run {theirs.get('runId', '?')}: "
+            f"{_describe(theirs)}); this job is run {mine} ({_describe(_record(config, mine))}), with another model, "
+            "dataset, task or training settings. Its checkpoints are never resumed nor its model overwritten: set "
+            "spec.output.path to a new path, or delete that run's files to start over there",
+        )
+    record = _record(config, mine)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+    return mine
+
+
+def _record(config: Config, mine: str) -> dict[str, Any]:
+    return {
+        "runId": mine,
+        "job": {"name": config.job.name, "namespace": config.job.namespace},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "identity": identity(config),
+    }
