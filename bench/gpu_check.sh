@@ -6,10 +6,13 @@
 #   bash bench/gpu_check.sh                  # ~5-7 minutes on an H100/H200-class GPU (estimate)
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh
 #   GPU_CHECK_DEVICE=cpu bash bench/gpu_check.sh   # the same steps at toy sizes on a CPU (checks the script itself)
+#   GPU_CHECK_ONLY=startup bash bench/gpu_check.sh # step 1 and the start-up figures only (about 3 minutes on a GPU)
 #
 # 1. `finetune run-local` of a decoder LLM job (Llama-architecture config, 0.82 B parameters, random init, 512-token
 #    rows, batch 16, bf16, acceleration auto) on the GPU; rank 0's Prometheus endpoint is scraped mid-run and the
 #    MFU gauge must be a number (not NaN); result.json's steady-state tokens/s is compared with the gauge.
+#    Then the same job again on the same machine (a restart on a live node), each run's start-up by phase, and the
+#    worker's imports by cumulative time.
 # 2. bench/trainer_throughput.py (one process per model, a GPU warm-up before the first timed path): BERT-base
 #    seq 128 batch 64 (eager with SDPA, eager attention, compile), batch 256 (eager, compile), and the decoder
 #    (eager, compile).
@@ -145,6 +148,38 @@ print(f"run-local: mid-run gauges: MFU {mfu:.3f}, {gauge_tps:,.0f} tokens/s; res
 if device == "cuda" and math.isnan(mfu):
     sys.exit("MFU gauge is NaN on the GPU (device missing from PEAK_FLOPS?)")
 PY
+
+# --- 1b. start-up: the same job started again on the same machine (a restart on a live node: warm page cache and
+# kernel caches), and where a worker's imports spend their time ------------------------------------------------------
+log "run-local again: a restart on the same machine"
+"$PY" -m finetune_operator.cli run-local "$work/job.yaml" --workdir "$work/out2" > "$work/run-local-2.log" 2>&1 \
+  || { tail -40 "$work/run-local-2.log"; log "second run-local failed"; exit 1; }
+"$PY" - "$work" <<'PY' | tee -a "$OUT/summary.log"
+import json, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+for name in ("out", "out2"):
+    r = json.loads(next((work / name).rglob("result.json")).read_text())
+    print(f"start-up ({name}): time to first step {r['time_to_first_step_seconds']:.1f} s = {r['startup']} + first "
+          f"step {r['warmup_seconds']:.1f} s; steady {r['tokens_per_second']:,.0f} tokens/s")
+PY
+"$PY" -X importtime -c "import finetune_trainer.worker, transformers, trl, peft, datasets" 2> "$OUT/importtime.txt" || true
+"$PY" - "$OUT/importtime.txt" <<'PY' | tee -a "$OUT/summary.log"
+import sys
+rows = []
+for line in open(sys.argv[1]):
+    parts = line.split("|")
+    if len(parts) == 3 and parts[1].strip().isdigit():
+        rows.append((int(parts[1]), parts[2].rstrip()))
+total = max((c for c, _ in rows), default=0)
+print(f"imports: {len(rows)} modules; the costliest cumulative (us): " + "; ".join(
+    f"{name.strip()} {c / 1e6:.2f}s" for c, name in sorted(rows, reverse=True)[:14] if name.count(".") == 0
+    or name.strip().startswith("finetune_trainer")))
+PY
+if [[ ${GPU_CHECK_ONLY:-} == startup ]]; then
+  log "done (GPU_CHECK_ONLY=startup) in $(( $(date +%s) - start ))s"
+  exit 0
+fi
 
 # --- 2. throughput bench, side by side within each process --------------------------------------------------------------
 bench() {

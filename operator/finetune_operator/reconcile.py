@@ -437,10 +437,14 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         if progress is not None:
             st.progress = _at_least_the_checkpoint(merge_progress(st.progress, progress, now=p.now))
             st.history = history.record(st.history, progress, attempt=st.attempt)
+        if st.elastic is not None:
+            st.elastic.grown_from = None  # the grown attempt runs
         if not _grow(p, spec, gang):
             p.transition(
                 RUNNING, "AllRanksRunning", f"attempt {st.attempt}: {gang.running}/{spec.nodes} trainer pods running"
             )
+    elif queued and _grow_held_too_long(p, spec, gang):
+        pass
     elif queued:
         _queued(p, gang, queue)
     else:
@@ -455,6 +459,24 @@ def _at_least_the_checkpoint(progress: Progress) -> Progress:
         return progress
     total = progress.total_steps
     return replace(progress, step=ckpt, step_of_total=f"{ckpt}/{total}" if total else None)
+
+
+def _grow_held_too_long(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
+    """A grown attempt that Kueue holds (the quota freed by the smaller one was taken meanwhile) longer than
+    spec.elastic.unschedulableSeconds goes back to the size it had: waiting at the larger size would leave the job
+    training nowhere. Whether it did."""
+    full, el = p.job.spec, p.st.elastic
+    if full is None or full.elastic is None or el is None or el.grown_from is None or el.grown_from >= spec.nodes:
+        return False
+    waited = (p.now - (p.st.attempt_start_time or p.now)).total_seconds()
+    limit = full.elastic.unschedulable_seconds
+    if waited < limit:
+        p.plan.requeue_after = min(p.plan.requeue_after or limit, max(1.0, limit - waited))
+        return False
+    size = el.grown_from
+    why = f"Kueue held the grown attempt for {waited:.0f}s; back to the {size} node(s) it trained on"
+    _resize(p, spec, gang, size, reason="Shrunk", why=why, grace=1)
+    return True
 
 
 def _queued_since_start(st: Status) -> bool:
@@ -586,6 +608,7 @@ def _resized(p: _Pass, spec: JobSpec, size: int, *, reason: str, why: str, lost_
     el.last_resize_time = p.now
     el.last_resize = reason
     el.placeholders_running, el.capacity_since = 0, None
+    el.grown_from = spec.nodes if reason == "Grown" else None
     kept = (
         f"global batch {batch.global_batch_size} kept"
         if batch.exact

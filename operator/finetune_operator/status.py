@@ -131,6 +131,7 @@ class Elastic:
     idle_gpu_seconds: float = 0.0  # GPUs held without training: running placeholders, grown or not
     placeholders_running: int = 0
     placeholder_generation: int = 0  # a set of placeholders with a finished pod is replaced whole, in a new pod group
+    grown_from: int | None = None  # the size before a grow, until the grown attempt runs (Kueue may hold it)
     capacity_since: datetime | None = None  # since when a placeholder has run (the capacity a grow waits to use)
     last_resize_time: datetime | None = None
     last_resize: str | None = None  # Shrunk | Grown

@@ -253,3 +253,25 @@ def test_a_new_attempt_stands_at_the_checkpoint_it_resumes_from_before_its_first
     progress = plan.status.progress
     assert progress is not None and (progress.step, progress.last_checkpoint_step) == (262, 262)
     assert progress.step_of_total == "262/1200"
+
+
+# -- E6: a grow that Kueue holds goes back -------------------------------------------------------------------------
+
+
+def test_a_grown_attempt_kueue_holds_past_the_unschedulable_window_goes_back_to_its_size() -> None:
+    grown = elastic_job(shrunk(), queueName="team-a")
+    pods = [running(0, attempt=1), placeholder(0, 1)]
+    plan = decided(grown, pods)
+    assert plan.status.elastic is not None and plan.status.elastic.grown_from == 1  # grew 1 -> 2
+
+    gated = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}
+    held = dict(plan.status.to_wire(), attemptStartTime=ts(NOW - timedelta(seconds=31)), state="Created")
+    queued = [dict(running(r, attempt=2, phase="Pending"), spec=gated) for r in range(2)]
+    back = decided(elastic_job(held, queueName="team-a"), queued)
+    st = back.status
+    assert st.state == "Restarting" and st.elastic is not None and st.elastic.current_nodes == 1
+    assert st.elastic.grown_from is None and (st.restarts, st.disruptions) == (0, 0)
+    assert "Kueue held the grown attempt" in (st.condition("Resized").message if st.condition("Resized") else "")
+    # within the window, it waits for Kueue
+    young = dict(held, attemptStartTime=ts(NOW - timedelta(seconds=5)))
+    assert decided(elastic_job(young, queueName="team-a"), queued).status.elastic.current_nodes == 2  # type: ignore[union-attr]
