@@ -217,8 +217,9 @@ def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
     real_cluster: RealCluster, chart_operator: str, namespace: str
 ) -> None:
     """One of the two nodes cordoned: a job that needs both (minNodes 2) places one rank and waits, with condition
-    Created/BelowMinNodes once the other has been unschedulable for unschedulableSeconds; uncordoned, it runs on
-    both."""
+    Created/BelowMinNodes once the other has been unschedulable for unschedulableSeconds. The placed rank's rendezvous
+    times out again and again meanwhile, longer than rendezvousTimeoutSeconds x (maxRestarts + 1) in all: waiting for
+    the scheduler is not a fault, so no restart is counted and the job never fails. Uncordoned, it runs on both."""
     rc = real_cluster
     node = rc.kubectl("get", "nodes", "-o", "jsonpath={.items[1].metadata.name}")
     rc.kubectl("cordon", node)
@@ -228,6 +229,8 @@ def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
             namespace,
             "elastic",
             steps=40,
+            maxRestarts=1,
+            rendezvousTimeoutSeconds=15,
             elastic={"minNodes": 2, "unschedulableSeconds": 10},
             pod={"affinity": ONE_PER_NODE},
         )
@@ -240,8 +243,16 @@ def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
         st = wait_for(below_min, timeout=180, what="condition BelowMinNodes", interval=1)
         created = next(c for c in st["conditions"] if c["type"] == "Created")
         assert "fewer than spec.elastic.minNodes=2" in created["message"], created
-        assert st["state"] == "Created" and st.get("attempt", 0) == 0, st
+        assert st["state"] == "Created", st
         assert "BelowMinNodes" in event_reasons(rc, namespace, "elastic")
+        # Two rendezvous timeouts or more (each 15 s to torchrun's 60 s floor), past 15 s x (1 + 1): never counted.
+        st = wait_for(
+            lambda: (s := job_status(rc, namespace, "elastic")).get("attempt", 0) >= 2 and s,
+            timeout=420,
+            what="the placed rank's rendezvous timing out twice",
+            interval=2,
+        )
+        assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 0) and st["state"] != "Failed", st
     finally:
         rc.kubectl("uncordon", node)
     st = wait_for(
@@ -250,4 +261,72 @@ def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
         what="the job running on both nodes",
         interval=1,
     )
-    assert st.get("attempt", 0) == 0 and st["elastic"]["currentNodes"] == 2 and st["nodes"] == "2/2", st
+    assert st["elastic"]["currentNodes"] == 2 and st["nodes"] == "2/2", st
+    assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 0), st
+
+
+def one_per_node(name: str) -> dict[str, Any]:
+    rule = ONE_PER_NODE["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    term = {**rule, "labelSelector": {"matchLabels": {"finetune.dev/job-name": name}}}
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
+def test_a_drained_rank_0_shrinks_the_job_which_ends_at_exactly_max_steps_with_one_record_of_the_run(
+    real_cluster: RealCluster, chart_operator: str, namespace: str
+) -> None:
+    """``kubectl drain`` of rank 0's node: its ranks agree on a step and checkpoint it (SIGTERM), the next attempt
+    trains on the node left with the accumulation doubled, and the node is back (uncordoned) at once, so a placeholder
+    runs there; the shrunk attempt reaches maxSteps before the cooldown ends and the job succeeds at exactly maxSteps,
+    never stopped for a grow. The status moved in both attempts, and result.json describes the whole run."""
+    rc, name, steps = real_cluster, "drained", 400
+    out = long_tiny(
+        rc,
+        namespace,
+        name,
+        steps=steps,
+        interval=50,
+        terminationGracePeriodSeconds=30,
+        elastic={"minNodes": 1, "resizeCooldownSeconds": 240, "unschedulableSeconds": 60},
+        pod={"affinity": one_per_node(name)},
+    )
+    seen: list[tuple[int, int]] = []  # (attempt, step) as `kubectl get ftj` showed them
+
+    def watch(until: Any) -> Any:
+        st = job_status(rc, namespace, name)
+        seen.append((st.get("attempt", 0), (st.get("progress") or {}).get("step") or 0))
+        return until(st)
+
+    wait_for(lambda: watch(lambda st: seen[-1][1] >= 60 and st), timeout=600, what="step 60 in attempt 0", interval=1)
+    node = node_of(rc, namespace, f"{name}-node-0")
+    rc.kubectl(
+        "drain", node, f"--pod-selector=finetune.dev/job-name={name}", "--ignore-daemonsets",
+        "--delete-emptydir-data", "--timeout=180s",
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: watch(lambda st: st.get("attempt", 0) >= 1 and (st.get("elastic") or {}).get("currentNodes") == 1),
+            timeout=300,
+            what="the next attempt sized to one node",
+            interval=1,
+        )
+    finally:
+        rc.kubectl("uncordon", node)  # capacity is back: the placeholder runs there, the cooldown holds the grow
+    st = wait_for(
+        lambda: watch(lambda s: s.get("state") in ("Succeeded", "Failed") and s),
+        timeout=600,
+        what="the job to finish",
+        interval=1,
+    )
+    assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
+    assert (st.get("restarts", 0), st.get("disruptions", 0), st["elastic"]["resizes"]) == (0, 1, 1), st
+    assert st["progress"]["step"] == steps and st["progress"]["totalSteps"] == steps, st["progress"]
+    first, second = record(out, 0), record(out, 1)
+    assert first["stopped_by_signal"] and second["resumed_from_step"] == first["last_step"], (first, second)
+    # the status moved in both attempts: steps of attempt 1 between its checkpoint and the end
+    moving = {step for attempt, step in seen if attempt == 1 and second["resumed_from_step"] < step < steps}
+    assert moving, seen
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == steps and result["steps_this_attempt"] == steps - second["resumed_from_step"]
+    assert [(a["attempt"], a["nodes"]) for a in result["attempts"]] == [(0, 2), (1, 1)], result["attempts"]
+    assert sum(a["steps_trained"] for a in result["attempts"]) == steps, result["attempts"]  # a drain loses nothing
+    assert result["samples"] == sum(a["samples"] for a in result["attempts"]) > 0
