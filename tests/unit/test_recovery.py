@@ -275,3 +275,33 @@ def test_a_grown_attempt_kueue_holds_past_the_unschedulable_window_goes_back_to_
     # within the window, it waits for Kueue
     young = dict(held, attemptStartTime=ts(NOW - timedelta(seconds=5)))
     assert decided(elastic_job(young, queueName="team-a"), queued).status.elastic.current_nodes == 2  # type: ignore[union-attr]
+
+
+# -- L4: a shrunk job's throughput ------------------------------------------------------------------------------------
+
+
+def test_a_shrunk_jobs_throughput_is_rank_0s_rate_times_its_current_size() -> None:
+    """The controller's scrape of rank 0 (its per-node rates) scaled by the attempt's size: 1 node of 2, not 2. The
+    kube client is never used by a scrape (None here); the page is served by a stub fetch."""
+    import time
+
+    from finetune_operator.controller import Controller
+    from finetune_operator.state import read_job, read_pods
+
+    c = Controller(None, Settings(progress_interval_seconds=5))  # type: ignore[arg-type]
+    c.scraper.fetch = lambda url: (
+        "finetune_train_step 5\nfinetune_train_total_steps 10\nfinetune_train_samples_per_second 10\n"
+    )
+    try:
+        job = read_job(elastic_job(shrunk()))
+        pod = running(0, attempt=1)
+        pod["status"]["podIP"] = "10.0.0.9"
+        pods = read_pods([pod])
+        c._scrape(("ns", "ft"), job, pods)  # starts the scrape
+        deadline = time.monotonic() + 10
+        while (progress := c._scrape(("ns", "ft"), job, pods)) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert progress.samples_per_second == 10
+    finally:
+        c.scraper.shutdown()
