@@ -218,8 +218,9 @@ def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
 ) -> None:
     """One of the two nodes cordoned: a job that needs both (minNodes 2) places one rank and waits, with condition
     Created/BelowMinNodes once the other has been unschedulable for unschedulableSeconds. The placed rank's rendezvous
-    times out again and again meanwhile, longer than rendezvousTimeoutSeconds x (maxRestarts + 1) in all: waiting for
-    the scheduler is not a fault, so no restart is counted and the job never fails. Uncordoned, it runs on both."""
+    times out meanwhile, past rendezvousTimeoutSeconds x (maxRestarts + 1) (maxRestarts 0: one counted timeout would
+    fail the job): waiting for the scheduler is not a fault, so no restart is counted and the job never fails.
+    Uncordoned, it runs on both."""
     rc = real_cluster
     node = rc.kubectl("get", "nodes", "-o", "jsonpath={.items[1].metadata.name}")
     rc.kubectl("cordon", node)
@@ -229,7 +230,7 @@ def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
             namespace,
             "elastic",
             steps=40,
-            maxRestarts=1,
+            maxRestarts=0,
             rendezvousTimeoutSeconds=15,
             elastic={"minNodes": 2, "unschedulableSeconds": 10},
             pod={"affinity": ONE_PER_NODE},
@@ -245,11 +246,11 @@ def test_below_min_nodes_the_job_waits_saying_so_and_runs_when_the_node_is_back(
         assert "fewer than spec.elastic.minNodes=2" in created["message"], created
         assert st["state"] == "Created", st
         assert "BelowMinNodes" in event_reasons(rc, namespace, "elastic")
-        # Two rendezvous timeouts or more (each 15 s to torchrun's 60 s floor), past 15 s x (1 + 1): never counted.
+        # A rendezvous timeout (15 s, or torchrun's 60 s floor when rank 0 is the one placed), past 15 s x (0 + 1).
         st = wait_for(
-            lambda: (s := job_status(rc, namespace, "elastic")).get("attempt", 0) >= 2 and s,
-            timeout=420,
-            what="the placed rank's rendezvous timing out twice",
+            lambda: (s := job_status(rc, namespace, "elastic")).get("attempt", 0) >= 1 and s,
+            timeout=300,
+            what="the placed rank's rendezvous timing out",
             interval=2,
         )
         assert (st.get("restarts", 0), st.get("disruptions", 0)) == (0, 0) and st["state"] != "Failed", st

@@ -61,6 +61,7 @@ def test_an_attempt_resumed_at_the_last_step_trains_nothing_and_the_result_cover
     result = read_json(out / "result.json")
     assert result["steps"] == STEPS and result["steps_this_attempt"] == 0 and result["resumed_from_step"] == STEPS
     assert "nothing left to train" in second.log()
+    assert result["params_sha256"] == before["params_sha256"]  # the final model: the checkpoint's weights, untouched
     # The whole run: the rows trained by both attempts (the second trained none), one entry per attempt.
     assert result["samples"] == before["samples"] and result["tokens"] == before["tokens"]
     assert [a["attempt"] for a in result["attempts"]] == [0, 1]
