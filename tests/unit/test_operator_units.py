@@ -1209,6 +1209,8 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
             steps_lost_to_resizes=3,
             idle_gpu_seconds=4.5,
             placeholders_running=1,
+            placeholder_generation=2,
+            grown_from=2,
             capacity_since=NOW,
             last_resize_time=NOW,
             last_resize="Shrunk",
