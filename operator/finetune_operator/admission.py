@@ -37,6 +37,7 @@ class Observed:
     usage: Usage | None = None  # None: no namespace limit configured, nothing was read
     lost_nodes: dict[str, str] = field(default_factory=dict)  # node → why its pods may be force-deleted
     down_nodes: dict[str, str] = field(default_factory=dict)  # node → why it is down (an elastic gang's, on a failure)
+    nodes_unreadable: bool = False  # reading a node was refused (no `nodes: get`)
     queue: WorkloadState | None = None  # Kueue's word on the attempt's Workload, read while its pods are gated
     runtime: Choice | None = None  # the job's runtime, read before an attempt starts (None: not read, no runtime)
 

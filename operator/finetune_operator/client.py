@@ -33,7 +33,7 @@ from finetune_operator.builders import JobRef, output_claim_name, output_path
 from finetune_operator.history import series
 from finetune_operator.k8s import ApiError, Kube, Rejected
 from finetune_operator.settings import GROUP, LABEL_ATTEMPT, LABEL_RANK, OUTPUT_MOUNT, VERSION, Settings
-from finetune_operator.spec import JobSpec, SpecError, check_name, parse_spec
+from finetune_operator.spec import JobSpec, SpecError, check_name, elastic_problems, parse_spec
 from finetune_operator.status import FAILED, SUCCEEDED, TERMINAL
 
 STATES = ("Succeeded", "Failed", "Running", "Suspended", "finished")  # what wait() can wait for
@@ -168,7 +168,8 @@ def local_errors(job: dict[str, Any]) -> list[str]:
     except SpecError as e:
         errors.append(str(e))
     try:
-        parse_spec(job.get("spec") or {}, complete=False)  # the runtime may give the output claim (_runtime_errors)
+        spec = parse_spec(job.get("spec") or {}, complete=False)  # the runtime may give the output claim
+        errors.extend(f"{field}: {message}" for field, message in elastic_problems(spec))  # judged at admission
     except SpecError as e:
         errors.extend(e.lines())
     except (KeyError, TypeError, ValueError) as e:

@@ -274,26 +274,29 @@ class Controller:
                 lost[node_name] = why
         return lost
 
-    def _down_nodes(self, job: Job, pods: list[PodState]) -> dict[str, str]:
+    def _down_nodes(self, job: Job, pods: list[PodState]) -> tuple[dict[str, str], bool]:
         """The down nodes of an elastic attempt's ranks, read only when one of its ranks failed (not a disruption):
-        a rank's node lost is often first seen as its peers' failure (reconcile._node_loss_pending)."""
+        a rank's node lost is often first seen as its peers' failure (reconcile._node_loss_pending); and whether the
+        operator may not read nodes at all."""
         if job.spec is None or job.spec.elastic is None:
-            return {}
+            return {}, False
         current = [
             p for p in pods if p.attempt == job.status.attempt and not p.placeholder and p.owner_uid == job.ref.uid
         ]
         if not any(p.failure is not None and not p.failure.disruption for p in current):
-            return {}
+            return {}, False
         down = {}
         for node_name in sorted({p.node for p in current if p.node}):
             try:
                 node = self.kube.get_node(node_name)
             except ApiError as e:
+                if e.code == 403:
+                    return {}, True
                 log.warning("cannot read node %s: %s", node_name, e)
                 continue
             if (why := node_down(node)) is not None:
                 down[node_name] = why
-        return down
+        return down, False
 
     def _queue(self, job: Job) -> WorkloadState:
         """Kueue's word on the Workload of the job's current attempt, while Kueue holds its pods. Without
@@ -323,8 +326,9 @@ class Controller:
         pods = self._pods(key)
         if self.settings.force_delete != "never" and (lost := self._lost_nodes(pods)):
             observed = replace(observed, lost_nodes=lost)
-        if down := self._down_nodes(job, pods):
-            observed = replace(observed, down_nodes=down)
+        down, unreadable = self._down_nodes(job, pods)
+        if down or unreadable:
+            observed = replace(observed, down_nodes=down, nodes_unreadable=unreadable)
         if job.spec is not None and any(
             p.gated and p.attempt == job.status.attempt and not p.placeholder for p in pods
         ):

@@ -35,7 +35,7 @@ from finetune_operator.failures import Failure
 from finetune_operator.kueue import WorkloadState, group_name, read_workload
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
 from finetune_operator.settings import Settings
-from finetune_operator.spec import JobSpec, SpecError
+from finetune_operator.spec import JobSpec, SpecError, elastic_problems
 from finetune_operator.state import Gang, Job, PodState
 from finetune_operator.status import (
     CREATED,
@@ -99,6 +99,7 @@ class _Pass:
     plan: Plan
     lost_nodes: dict[str, str] = field(default_factory=dict)  # node name → why its pods may be force-deleted
     down_nodes: dict[str, str] = field(default_factory=dict)  # node name → why it is down (elastic, on a failure)
+    nodes_unreadable: bool = False  # the operator may not read nodes
 
     @property
     def st(self) -> Status:
@@ -166,8 +167,8 @@ class _Pass:
             # Deleting the job would delete its claim, and with it the only copy of the trained model.
             message = (
                 "spec.ttlSecondsAfterFinished is not applied: the export failed and the trained model is only on the "
-                "output claim, which the job owns and would take with it. Copy the model out (or set "
-                "reclaimPolicy: Retain on the claim), then delete the job"
+                "output claim, which the job owns and would take with it. Copy the model out, then delete the job; "
+                "or keep the claim: kubectl delete ftj NAME --cascade=orphan"
             )
             before = self.job.status.condition("TTLHeld")
             self.st.set_condition("TTLHeld", True, "ModelOnlyOnClaim", message, now=self.now)
@@ -202,6 +203,7 @@ def decide(
         plan=Plan(status=st),
         lost_nodes=observed.lost_nodes,
         down_nodes=observed.down_nodes,
+        nodes_unreadable=observed.nodes_unreadable,
     )
     gang = Gang.of(pods, uid=job.ref.uid, attempt=st.attempt)
     _decide(p, gang, progress, observed)
@@ -328,6 +330,9 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
         return
     spec, settings = eff.spec, eff.settings
+    if st.start_time is None and (problems := elastic_problems(spec)):  # judged once, before the first pod
+        _refuse(p, gang.mine, reason="InvalidSpec", message="; ".join(f"{f}: {m}" for f, m in problems))
+        return
     claims = admission.check_claims(p.job.ref.name, spec, observed.claims)
     if claims is not None:
         _refuse(p, gang.mine, reason=claims.reason, message=claims.message)
@@ -607,6 +612,7 @@ def _resized(p: _Pass, spec: JobSpec, size: int, *, reason: str, why: str, lost_
     el.steps_lost_to_resizes += lost_steps
     el.last_resize_time = p.now
     el.last_resize = reason
+    _bill_capacity(p, el)  # the capacity placeholders held ends with the attempt, whatever the resize
     el.placeholders_running, el.capacity_since = 0, None
     el.grown_from = spec.nodes if reason == "Grown" else None
     kept = (
@@ -677,7 +683,6 @@ def _grow(p: _Pass, spec: JobSpec, gang: Gang) -> bool:
         if wait > 0:
             p.plan.requeue_after = min(p.plan.requeue_after or wait, wait)
             return False
-    _bill_capacity(p, el)  # GPUs the placeholders held without training
     size = elastic.grown(full, spec.nodes, len(running))
     nodes = ", ".join(sorted({ph.node or "?" for ph in running}))
     _resize(
@@ -727,8 +732,10 @@ def _placeholders(p: _Pass, gang: Gang) -> None:
         missing = full.nodes - el.current_nodes
     wanted = {placeholder_name(p.job.ref.name, i) for i in range(missing)}
     ours = [ph for ph in gang.placeholders if ph.name in wanted and ph.attempt == st.attempt and not ph.deleting]
-    replaced = el is not None and any(ph.finished for ph in ours)
-    keep = [] if replaced else ours
+    # Under Kueue a finished pod's group is finished: the set goes whole, into a new group; else only that pod goes.
+    finished = [ph for ph in ours if ph.finished]
+    replaced = el is not None and full is not None and bool(full.queue_name) and bool(finished)
+    keep = [] if replaced else [ph for ph in ours if not ph.finished]
     p.delete([ph for ph in gang.placeholders if ph not in keep], grace_seconds=1)
     if el is None:
         return
@@ -836,6 +843,8 @@ def _node_loss_pending(p: _Pass, spec: JobSpec, gang: Gang, failure: Failure) ->
     failure, for the node controller to mark it (then it is a disruption, and the job shrinks). Whether it waits."""
     if spec.elastic is None or failure.disruption or failure.permanent or failure.reason == "RendezvousTimeout":
         return False
+    if p.nodes_unreadable:  # no `nodes: get` (forceDelete.mode never): no node is ever seen down, nothing to wait for
+        return False
     peers = [pod for pod in gang.current if pod.running and pod.node]
     if not peers or any(pod.node in p.down_nodes for pod in gang.current if pod.node):
         return False
@@ -899,7 +908,7 @@ def _restart_or_fail(p: _Pass, spec: JobSpec, current: list[PodState], failure: 
         else max(1, min(spec.termination_grace_period_seconds, p.settings.failure_restart_grace_seconds))
     )
     p.delete(current, grace_seconds=grace)
-    p.plan.restart_reason = failure.reason
+    p.plan.restart_reason = None if waiting else failure.reason
     counted = (
         "not counted: ranks wait for the scheduler"
         if waiting

@@ -125,7 +125,7 @@ class Scraper:
         self._inflight: set[Key] = set()
         self._was_slow: dict[Key, bool] = {}  # whether each job's last scrape was slow (absent: not scraped yet)
         self._done: dict[Key, tuple[str, int, Progress]] = {}  # url and attempt scraped, what came back
-        self._starting: dict[Key, tuple[int, int]] = {}  # (attempt, scrapes without a step) until a step shows
+        self._starting: dict[Key, tuple[int, int]] = {}  # (attempt, scrapes without a step; -1 once a step showed)
 
     def take(self, key: Key, url: str | None, *, nodes: int, attempt: int) -> Progress | None:
         """The newest finished scrape of the job's rank 0 at ``url`` in ``attempt`` (once; a scrape of an earlier
@@ -172,11 +172,15 @@ class Scraper:
     def _soon_again(self, key: Key, attempt: int, *, stepping: bool) -> float | None:
         """After a scrape of ``attempt`` that saw no step: due again in START_RETRY_SECONDS (the seconds to wait), a
         bounded number of times per attempt; None once a step shows. Holds the lock."""
-        if stepping or key not in self._started:
-            self._starting.pop(key, None)
+        if key not in self._started:
             return None
         seen, empty = self._starting.get(key, (attempt, 0))
-        empty = empty + 1 if seen == attempt else 1
+        if seen != attempt:
+            empty = 0
+        if stepping or empty < 0:  # stepping, or stepped before in this attempt: the interval, as always
+            self._starting[key] = (attempt, -1)
+            return None
+        empty += 1
         self._starting[key] = (attempt, empty)
         if empty > START_RETRIES or self.interval <= START_RETRY_SECONDS:
             return None

@@ -932,7 +932,6 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
         ),
     )
     check_extra_args(job_spec, errors)
-    _check_elastic(job_spec, errors)
     errors.raise_any()
     return job_spec
 
@@ -946,29 +945,33 @@ def inexact_sizes(spec: JobSpec) -> list[int]:
     return [size for size in range(spec.elastic.min_nodes, spec.nodes) if asked % size]
 
 
-def _check_elastic(spec: JobSpec, errors: _Errors) -> None:
-    """An elastic job keeps its global batch exactly at every size, and shrinks before its ranks time out."""
+def elastic_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, message) for an elastic job that could not keep its global batch exactly at every size, or whose ranks
+    would time out before it shrinks. Judged when a job is first admitted (and by ``finetune validate``), never on a
+    job that already runs: an operator upgrade or an edit of rendezvousTimeoutSeconds does not fail a running job."""
     el = spec.elastic
     if el is None or not 1 <= el.min_nodes <= spec.nodes:
-        return
+        return []
+    found: list[tuple[str, str]] = []
     if inexact := inexact_sizes(spec):
         asked = spec.training.gradient_accumulation_steps * spec.nodes
         fits = [s for s in range(1, spec.nodes + 1) if asked % s == 0]
-        errors.add(
-            "spec.elastic.minNodes",
+        message = (
             f"the global batch (spec.nodes x gradientAccumulationSteps = {asked} micro-batches) cannot be kept "
             f"exactly at {', '.join(map(str, inexact))} node(s): the epoch length and learning-rate schedule would "
-            f"change with the size. Raise minNodes, or set spec.training.gradientAccumulationSteps so that every size "
-            f"from minNodes to spec.nodes divides spec.nodes x gradientAccumulationSteps (sizes that divide "
-            f"{asked} now: {', '.join(map(str, fits))})",
+            "change with the size. Raise minNodes, or set spec.training.gradientAccumulationSteps so that every size "
+            "from minNodes to spec.nodes divides spec.nodes x gradientAccumulationSteps (sizes that divide "
+            f"{asked} now: {', '.join(map(str, fits))})"
         )
+        found.append(("spec.elastic.minNodes", message))
     if el.unschedulable_seconds >= spec.rendezvous_timeout_seconds:
-        errors.add(
-            "spec.elastic.unschedulableSeconds",
+        message = (
             f"is {el.unschedulable_seconds}s, not less than spec.rendezvousTimeoutSeconds "
             f"({spec.rendezvous_timeout_seconds}s): the placed ranks would time out waiting for the unplaced ones "
-            "before the job shrinks to them. Lower unschedulableSeconds or raise spec.rendezvousTimeoutSeconds",
+            "before the job shrinks to them. Lower unschedulableSeconds or raise spec.rendezvousTimeoutSeconds"
         )
+        found.append(("spec.elastic.unschedulableSeconds", message))
+    return found
 
 
 _JSON_TYPE = {

@@ -949,3 +949,51 @@ def test_a_run_is_what_decides_its_result(tmp_path: Path, over: dict[str, Any], 
     one = parse_config(valid(tmp_path, **base))
     other = parse_config(valid(tmp_path, **deep_merge(base, over)))
     assert (runid.run_id(one) == runid.run_id(other)) is same
+
+
+def test_the_runs_result_adds_up_every_attempt_and_estimates_one_that_crashed(tmp_path: Path) -> None:
+    """worker.run_totals over attempts/attempt-<n>.json: attempt 0 crashed (only its start record) after a checkpoint
+    at step 200, which attempt 1 resumed from; attempt 1 ended with its figures."""
+    from finetune_trainer.worker import Identity, run_totals
+
+    config = parse_config(valid(tmp_path))
+    attempts = tmp_path / "out" / "attempts"
+    attempts.mkdir(parents=True)
+    (attempts / "attempt-0.json").write_text(
+        json.dumps({"attempt": 0, "resumed_from_step": 0, "global_batch_size": 32})
+    )
+    end = {"steps_trained": 50, "samples": 1600, "tokens": 9000, "steady_samples": 1568, "steady_seconds": 4.9}
+    (attempts / "attempt-1.json").write_text(
+        json.dumps({"attempt": 1, "resumed_from_step": 200, "global_batch_size": 32, **end})
+    )
+    ident = Identity(rank=0, local_rank=0, world_size=2, node_rank=0, nproc_per_node=1, nnodes=2, attempt=1)
+    totals = run_totals(config, ident)
+    assert [(a["attempt"], a["steps_trained"], a.get("estimated")) for a in totals["attempts"]] == [
+        (0, 200, True),
+        (1, 50, None),
+    ]
+    assert totals["samples"] == 200 * 32 + 1600 and totals["tokens"] == 9000
+    assert totals["samples_per_second"] == pytest.approx(1568 / 4.9)
+
+
+def test_a_run_recorded_by_another_trainer_version_is_the_same_run(tmp_path: Path) -> None:
+    """run.json compares only the settings both identities record: a field a newer trainer adds never makes the run
+    refuse its own checkpoints; an unreadable run.json is taken as this run's."""
+    from finetune_trainer import runid
+
+    config = parse_config(valid(tmp_path))
+    out = tmp_path / "out"
+    (out / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    checkpoints.mark_complete(str(out / "checkpoints" / "checkpoint-2"), 2)
+    older = runid.identity(config)
+    del older["training"]["packing"]  # a setting the trainer that wrote it did not have
+    (out / "run.json").write_text(json.dumps({"runId": "0123456789abcdef", "identity": older}))
+    assert runid.claim(config) == runid.run_id(config)
+    (out / "run.json").write_text("[not an object]")
+    assert runid.claim(config) == runid.run_id(config)
+    other = runid.identity(config)
+    other["dataset"]["text_field"] = "body"
+    (out / "run.json").write_text(json.dumps({"runId": "fedcba9876543210", "identity": other}))
+    with pytest.raises(ConfigError) as e:
+        runid.claim(config)
+    assert "dataset.text_field" in str(e.value) and "spec.output.path" in str(e.value)

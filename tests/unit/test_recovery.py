@@ -13,7 +13,7 @@ from finetune_operator.admission import Observed
 from finetune_operator.builders import JobRef, build_pdb, build_placeholder
 from finetune_operator.kueue import GROUP_LABEL
 from finetune_operator.settings import Settings
-from finetune_operator.spec import SpecError, parse_spec
+from finetune_operator.spec import elastic_problems, parse_spec
 from finetune_operator.status import ts
 
 from tests.unit.factories import NOW, STARTED, base_spec, decided, job, running
@@ -94,20 +94,32 @@ def test_a_failure_while_peers_run_waits_for_the_node_controller_then_counts() -
 
 
 def test_an_inexact_global_batch_is_refused_naming_the_sizes() -> None:
-    with pytest.raises(SpecError) as e:
-        parse_spec(base_spec(nodes=3, elastic={"minNodes": 2}, training={"epochs": 1, "perDeviceBatchSize": 8}))
-    (message,) = [m for f, m in e.value.errors if f == "spec.elastic.minNodes"]
+    inexact = base_spec(nodes=3, elastic={"minNodes": 2}, training={"epochs": 1, "perDeviceBatchSize": 8})
+    ((field, message),) = elastic_problems(parse_spec(inexact))
+    assert field == "spec.elastic.minNodes"
     assert "cannot be kept exactly at 2 node(s)" in message and "gradientAccumulationSteps" in message
     # accumulation 2 at 3 nodes: 6 micro-batches, which 2 and 3 divide
-    parse_spec(base_spec(nodes=3, elastic={"minNodes": 2}, training={"epochs": 1, "gradientAccumulationSteps": 2}))
+    exact = base_spec(nodes=3, elastic={"minNodes": 2}, training={"epochs": 1, "gradientAccumulationSteps": 2})
+    assert elastic_problems(parse_spec(exact)) == []
 
 
 def test_unschedulable_seconds_must_end_before_the_rendezvous_times_out() -> None:
-    with pytest.raises(SpecError) as e:
-        parse_spec(
-            base_spec(nodes=4, rendezvousTimeoutSeconds=60, elastic={"minNodes": 2, "unschedulableSeconds": 600})
-        )
-    assert any(f == "spec.elastic.unschedulableSeconds" and "rendezvousTimeoutSeconds" in m for f, m in e.value.errors)
+    spec = base_spec(nodes=4, rendezvousTimeoutSeconds=60, elastic={"minNodes": 2, "unschedulableSeconds": 600})
+    assert [f for f, m in elastic_problems(parse_spec(spec)) if "rendezvousTimeoutSeconds" in m] == [
+        "spec.elastic.unschedulableSeconds"
+    ]
+
+
+def test_the_elastic_checks_refuse_a_new_job_before_any_pod_and_never_fail_a_running_one() -> None:
+    """Judged at the first admission: an operator upgrade (or an edit of rendezvousTimeoutSeconds) never fails a job
+    that already runs."""
+    training = {"maxSteps": 100, "perDeviceBatchSize": 8, "gradientAccumulationSteps": 1}
+    new = decided(elastic_job({}, nodes=3, elastic={"minNodes": 2}, training=training))
+    assert new.status.state == "Failed" and not [o for o in new.create if o["kind"] == "Pod"]
+    assert new.status.failure is not None and "spec.elastic.minNodes" in new.status.failure.message
+    running_job = elastic_job(dict(STARTED), nodes=3, elastic={"minNodes": 2}, training=training)
+    plan = decided(running_job, [running(0), running(1), running(2)])
+    assert plan.status.state == "Running"
 
 
 # -- E4: a finished attempt is never stopped for a resize -------------------------------------------------------------

@@ -4,13 +4,15 @@ another run's checkpoints, model or result (a job re-created under a finished jo
 is refused before any work: it would resume that run's checkpoint, train nothing or the wrong thing, and overwrite
 its model. Settings that may change between attempts of one run are not part of it: the accumulation (an elastic
 job's size), the length (``maxSteps``/``epochs``: a run may be continued further), checkpointing and evaluation
-cadence, kernels and the collective timeout."""
+cadence, kernels, precision (a runtime may set it between attempts) and the collective timeout. Two runs differ only in
+a setting both record: a field that a newer trainer adds is not a reason to refuse the run's own checkpoints."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -18,6 +20,8 @@ from typing import Any
 from finetune_trainer.checkpoints import latest_complete
 from finetune_trainer.config import Config
 from finetune_trainer.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 # Training settings that do not make another run (TrainingConfig's field names).
@@ -31,6 +35,7 @@ NOT_IDENTITY = (
     "eval_every_steps",
     "kernels",
     "activation_checkpointing",
+    "precision",
 )
 OPERATIONAL_ARGS = ("ddp_timeout",)  # extraArgs the operator sets from the job's deadline
 
@@ -63,6 +68,17 @@ def _describe(record: dict[str, Any]) -> str:
     return f"job {where}, task {ident.get('task', '?')}, model {what}, data {data}"
 
 
+def differences(recorded: Any, current: Any, path: str = "") -> list[str]:
+    """The settings (dotted paths) that both identities record, with different values."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        return [
+            d
+            for key in sorted(recorded.keys() & current.keys())
+            for d in differences(recorded[key], current[key], f"{path}.{key}" if path else str(key))
+        ]
+    return [] if recorded == current else [path or "identity"]
+
+
 def _held(config: Config) -> list[str]:
     """What of a run the output path holds."""
     held = []
@@ -81,22 +97,26 @@ def claim(config: Config) -> str:
     run's work; nothing is removed. A path with checkpoints but no ``run.json`` (written before run ids) is adopted."""
     path = os.path.join(config.output_path, RUN_FILE)
     mine = run_id(config)
+    theirs: Any = None
     try:
         with open(path, encoding="utf-8") as f:
             theirs = json.load(f)
     except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        log.warning("%s unreadable (%s): the path is taken as this run's", path, e)
+    if not isinstance(theirs, dict):
         theirs = None
-    except (OSError, ValueError):
-        theirs = {}  # unreadable: judged by what the path holds
     if theirs is not None and theirs.get("runId") == mine:
         return mine
-    if theirs is not None and (held := _held(config)):
+    changed = differences(theirs.get("identity") or {}, identity(config)) if theirs is not None else []
+    if changed and (held := _held(config)):
         raise ConfigError(
             "output.path",
             f"{config.output_path!r} holds {', '.join(held)} of another run (run {theirs.get('runId', '?')}: "
-            f"{_describe(theirs)}); this job is run {mine} ({_describe(_record(config, mine))}), with another model, "
-            "dataset, task or training settings. Its checkpoints are never resumed nor its model overwritten: set "
-            "spec.output.path to a new path, or delete that run's files to start over there",
+            f"{_describe(theirs)}); this job is run {mine}, with other {', '.join(changed)}. That run's checkpoints "
+            "are never resumed nor its model overwritten: set spec.output.path to a new path, or delete that run's "
+            "files to start over there",
         )
     record = _record(config, mine)
     tmp = f"{path}.tmp"

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -385,6 +386,7 @@ ATTEMPT_SUMMARY = (
     "stopped_by_signal",
     "runtime_seconds",
     "time_to_first_step_seconds",
+    "estimated",
 )
 
 
@@ -400,6 +402,13 @@ def run_totals(config: Config, ident: Identity) -> dict[str, Any]:
                 records.append(json.load(f))
         except (OSError, ValueError):
             continue
+
+    for r, after in itertools.pairwise(records):
+        if "steps_trained" not in r:  # ended without its end record (a crash, a lost node): it kept the steps up to
+            # the checkpoint the next attempt resumed from, each of its global batch (a partial batch at an epoch's
+            # end counts whole: an estimate, said so)
+            kept = max(0, (after.get("resumed_from_step") or 0) - (r.get("resumed_from_step") or 0))
+            r.update(steps_trained=kept, samples=kept * (r.get("global_batch_size") or 0), estimated=True)
 
     def total(key: str) -> float:
         return sum(r.get(key) or 0 for r in records)
