@@ -648,7 +648,7 @@ def test_progress_is_merged_only_while_running_and_idle_scrapes_write_nothing() 
     assert again.status == first.status
 
 
-# -- review fixes ------------------------------------------------------------------------------------------
+# -- robustness of the status, deletes and peering ----------------------------------------
 
 
 def test_pods_of_a_deleted_namesake_are_not_ours() -> None:
