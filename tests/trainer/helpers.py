@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny"
 
@@ -219,3 +221,25 @@ def import_required(module: str) -> object:
     import importlib
 
     return importlib.import_module(module)
+
+
+def refused_rows(cfg: dict[str, Any]) -> Any:
+    """The ConfigError that the worker's dataset checks raise for ``cfg`` (its tokenizer, the training split's columns
+    and every row, as the worker checks them before it builds a model), run in this process: the exit 78 and the
+    termination message that carry such an error out of a real launch are tested once per family, the checks
+    themselves for every case here, without paying a launch for each."""
+    from finetune_trainer import data, worker
+    from finetune_trainer.config import parse_config
+    from finetune_trainer.errors import ConfigError
+
+    config = parse_config(cfg)
+    split = config.dataset.split
+    with pytest.raises(ConfigError) as refused:
+        tokenizer = worker.load_tokenizer(config)
+        raw = data.load_split(config, split)
+        data.check_columns(config, list(raw.column_names))
+        if config.task == "dpo":
+            data.check_preference_rows(config, data.preference_dataset(config, raw), tokenizer, split)
+        else:
+            data.check_sft_rows(config, data.sft_dataset(config, raw), tokenizer, split)
+    return refused.value

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.helpers import TINY, Node, deep_merge, free_port, poll, read_json, tiny_config
+from tests.trainer.helpers import TINY, Node, deep_merge, free_port, poll, read_json, refused_rows, tiny_config
 from tests.trainer.test_trainer_runs import RUN_TIMEOUT, complete_steps, losses
 
 pytestmark = pytest.mark.trainer
@@ -144,30 +144,43 @@ def _bad_rows(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
     return data
 
 
-@pytest.mark.parametrize(
-    ("rows", "field", "words"),
-    [
-        ([{"prompt": "a film", "chosen": "", "rejected": "negative"}], "dataset.chosenField", ["row 5", "'chosen'"]),
-        (
-            [{"prompt": "a film", "chosen": "positive", "rejected": None}],
-            "dataset.rejectedField",
-            ["row 5", "'rejected'", "missing"],
-        ),
-        (
-            [{"prompt": "a film", "chosen": [{"role": "assistant", "content": "x"}], "rejected": "negative"}],
-            "dataset.promptField",
-            ["row 5", "mixes"],
-        ),
-        ([{"prompt": "a film", "chosen": "positive", "rejected": "positive"}], "dataset.rejectedField", ["same"]),
-    ],
-    ids=["empty-chosen", "missing-rejected", "mixed-kinds", "same-responses"],
-)
-def test_a_bad_pair_exits_78_naming_the_field_and_row(
-    tmp_path: Path, rows: list[dict[str, Any]], field: str, words: list[str]
-) -> None:
+BAD_PAIRS = [
+    ([{"prompt": "a film", "chosen": "", "rejected": "negative"}], "dataset.chosenField", ["row 5", "'chosen'"]),
+    (
+        [{"prompt": "a film", "chosen": "positive", "rejected": None}],
+        "dataset.rejectedField",
+        ["row 5", "'rejected'", "missing"],
+    ),
+    (
+        [{"prompt": "a film", "chosen": [{"role": "assistant", "content": "x"}], "rejected": "negative"}],
+        "dataset.promptField",
+        ["row 5", "mixes"],
+    ),
+    ([{"prompt": "a film", "chosen": "positive", "rejected": "positive"}], "dataset.rejectedField", ["same"]),
+]
+
+
+def _bad_pairs_config(tmp_path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     cfg = dpo_config(tmp_path / "out", data="preference-plain")
     cfg["dataset"]["path"] = str(_bad_rows(tmp_path, rows))
-    node = Node(tmp_path, cfg)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("rows", "field", "words"), BAD_PAIRS, ids=["empty-chosen", "missing-rejected", "mixed-kinds", "same-responses"]
+)
+def test_a_bad_pair_is_refused_naming_the_field_and_row(
+    tmp_path: Path, rows: list[dict[str, Any]], field: str, words: list[str]
+) -> None:
+    refused = refused_rows(_bad_pairs_config(tmp_path, rows))
+    assert refused.field == field and all(w in str(refused) for w in words), refused
+
+
+def test_a_bad_pair_exits_78_naming_the_field_and_row(tmp_path: Path) -> None:
+    """A launch: the worker's refusal of a pair is the launcher's exit 78 with the field and the row in the
+    termination message."""
+    rows, field, words = BAD_PAIRS[0]
+    node = Node(tmp_path, _bad_pairs_config(tmp_path, rows))
     assert node.wait(RUN_TIMEOUT) == 78, node.log()
     message = (node.termination() or {}).get("message", "")
     assert field in message and all(w in message for w in words), message

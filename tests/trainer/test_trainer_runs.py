@@ -22,6 +22,7 @@ from tests.trainer.helpers import (
     import_required,
     poll,
     read_json,
+    refused_rows,
     scrape,
     small_volume,
     tiny_config,
@@ -521,17 +522,15 @@ def _no_generation_markers(tmp: Path) -> str:
     return str(d)
 
 
-@pytest.mark.parametrize(
-    ("case", "field", "words"),
-    [
-        ("missing-field", "dataset.messagesField", ["row 3 of split 'train'", "non-empty list"]),
-        ("rejected-role", "dataset.messagesField", ["row 3 of split 'train'", "unsupported role tool"]),
-        ("no-template", "dataset.messagesField", ["no chat template", "promptField"]),
-        ("no-generation-markers", "training.lossOn", ["{% generation %}", "lossOn: all"]),
-    ],
-    ids=["missing-field", "rejected-role", "no-template", "no-generation-markers"],
-)
-def test_bad_chat_data_exits_78_naming_the_field_and_row(tmp_path: Path, case: str, field: str, words: list) -> None:
+CHAT_CASES = [
+    ("missing-field", "dataset.messagesField", ["row 3 of split 'train'", "non-empty list"]),
+    ("rejected-role", "dataset.messagesField", ["row 3 of split 'train'", "unsupported role tool"]),
+    ("no-template", "dataset.messagesField", ["no chat template", "promptField"]),
+    ("no-generation-markers", "training.lossOn", ["{% generation %}", "lossOn: all"]),
+]
+
+
+def _bad_chat_config(tmp_path: Path, case: str) -> dict:
     over: dict = {"dataset": {"messagesField": "messages", "evalSplit": None},
                   "training": {"evaluation": {"strategy": "no"}}}  # fmt: skip
     if case == "missing-field":
@@ -542,7 +541,20 @@ def test_bad_chat_data_exits_78_naming_the_field_and_row(tmp_path: Path, case: s
         over["model"] = {"path": str(TINY / "gpt2")}
     else:
         over["model"] = {"path": _no_generation_markers(tmp_path)}
-    node = Node(tmp_path, sft_config(tmp_path / "out", "chat", **over))
+    return sft_config(tmp_path / "out", "chat", **over)
+
+
+@pytest.mark.parametrize(("case", "field", "words"), CHAT_CASES, ids=[c[0] for c in CHAT_CASES])
+def test_bad_chat_data_is_refused_naming_the_field_and_row(tmp_path: Path, case: str, field: str, words: list) -> None:
+    refused = refused_rows(_bad_chat_config(tmp_path, case))
+    assert refused.field == field and all(w in str(refused) for w in words), refused
+
+
+def test_bad_chat_data_exits_78_naming_the_field_and_row(tmp_path: Path) -> None:
+    """A launch: the worker's refusal of a row is the launcher's exit 78 (never retried) with the field and the row in
+    the termination message."""
+    case, field, words = CHAT_CASES[0]
+    node = Node(tmp_path, _bad_chat_config(tmp_path, case))
     assert node.wait(RUN_TIMEOUT) == 78, node.log()
     term = node.termination()
     assert term is not None and term["reason"] == "ConfigError" and term["message"].startswith(field), term
