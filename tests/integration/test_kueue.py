@@ -161,10 +161,12 @@ def test_preemption_is_a_disruption_and_the_gang_requeues(t: Tier) -> None:
         return pods if len(pods) == 2 and all(p.metadata.deletion_timestamp for p in pods) else None
 
     pods = wait_for(preempted, timeout=90, what="Kueue to preempt low's gang")
-    for p in pods:
-        cond = next(c for c in p.status.conditions or [] if c.type == "TerminationTarget")
-        assert cond.status == "True" and "Preempted" in (cond.message or ""), cond
-        assert p.metadata.deletion_grace_period_seconds == GRACE  # the whole grace period: time to checkpoint
+    # Kueue marks each pod it stops, then deletes it; once one rank is stopped the operator may stop the rest of the
+    # gang before Kueue comes to it (a gang restart either way): at least one carries Kueue's word, each the whole
+    # grace period (time to checkpoint).
+    targets = [c for p in pods for c in p.status.conditions or [] if c.type == "TerminationTarget"]
+    assert targets and all(c.status == "True" and "Preempted" in (c.message or "") for c in targets), targets
+    assert all(p.metadata.deletion_grace_period_seconds == GRACE for p in pods), pods
     t.nodes.hold_deleting = set()
 
     st = wait_for(lambda: (s := t.jobs.status("low")).get("attempt") == 1 and s, timeout=60, what="low's restart")
