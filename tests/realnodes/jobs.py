@@ -16,12 +16,24 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600
 STEPS, INTERVAL = 400, 50
-# Inside the container: the PID of the training worker (not torchrun's agent), then send it the signal named in argv.
+# Inside the container: the PID of a training worker (forked by the agent, whose cmdline it shares, or torchrun's child,
+# started as finetune_trainer.worker), then send it the signal named in argv.
 SIGNAL_WORKER = (
     "import os, signal, sys\n"
+    "def cmd(pid):\n"
+    "    return open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
+    "def parent(pid):\n"
+    "    return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1]\n"
+    "def worker(pid):\n"
+    "    try:\n"
+    "        c = cmd(pid)\n"
+    "        if b'finetune_trainer.worker' in c and b'torch.distributed.run' not in c:\n"
+    "            return True\n"
+    "        return b'finetune_trainer.agent' in c and b'finetune_trainer.agent' in cmd(parent(pid))\n"
+    "    except OSError:\n"
+    "        return False\n"
     "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-    "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')\n"
-    "    if b'finetune_trainer.worker' in cmd and b'torch.distributed.run' not in cmd:\n"
+    "    if worker(pid):\n"
     "        os.kill(int(pid), getattr(signal, sys.argv[1])); print('signalled', pid); break\n"
     "else:\n"
     "    raise SystemExit('no worker')\n"

@@ -1,11 +1,15 @@
 """``finetune-trainer``: the pod's container command (PID 1).
 
-1. read the config (``$FINETUNE_CONFIG``) and the env contract; validate config and dataset *before* torchrun,
-   because torchrun turns every worker failure into exit 1;
+1. read the config (``$FINETUNE_CONFIG``) and the env contract, and start the agent (``finetune_trainer.agent``):
+   it imports the training stack once and validates config and dataset with it, *before* any worker starts,
+   because a worker's failure is only an exit code; this process stays light (it never imports torch) and checks
+   only the export's credentials, which the agent never sees;
 2. with a shared Hugging Face cache (config ``cache``), fill it once from node rank 0 while the other ranks wait
    for its ready marker (``hfcache``); the workers then run with the Hub offline;
 3. distributed preflight (rank 0 resolves its own address; other ranks wait until they can connect to it);
-4. run ``python -m torch.distributed.run -m finetune_trainer.worker`` (torchrun reads the ``PET_*`` variables);
+4. tell the agent to go: it runs torch's elastic agent (torchrun's flags and ``PET_*`` variables) and forks the
+   workers (``finetune_trainer.worker.forked_entry``). The ONNX Runtime image, or ``FINETUNE_WORKER_START=torchrun``,
+   runs ``python -m torch.distributed.run -m finetune_trainer.worker`` instead, after validating here;
 5. exit with a documented code and, on failure, write ``{"reason", "message"}`` to the termination log.
 
 Exit codes: 0 success; 78 configuration or data error (never retried: also a Hub model or dataset that does not
@@ -16,6 +20,7 @@ stopped by the ranks' agreement); 1 anything else (training crash).
 
 The SIGTERM handler is installed first: the launcher is the container's PID 1, which receives only the signals it
 handles, so without one a gang restart during a model download or the preflight would wait out the grace period.
+A launcher that ends before the go closes the agent's input, and the agent exits without training.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from finetune_trainer.errors import ConfigError, RendezvousTimeout
 
 log = logging.getLogger("finetune_trainer.launcher")
 
+WORKER_START_ENV = "FINETUNE_WORKER_START"
+AGENT_VERDICT_FD_ENV = "FINETUNE_AGENT_VERDICT_FD"  # where the agent writes its validation of the job
 _RENDEZVOUS_MARKERS = ("DistStoreError", "RendezvousTimeoutError", "waiting for clients", "RendezvousConnectionError")
 
 
@@ -114,8 +121,6 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
 
 def validate_llm(config: Config, kind: str, *, cuda_available: bool) -> None:
     """QLoRA, merging, FSDP and exports: refused before any work when this image or machine cannot do them."""
-    from finetune_trainer import export
-
     t, m = config.training, config.model
     if t.lora is not None and t.lora.quantization:
         field = "training.lora.quantization"
@@ -139,14 +144,20 @@ def validate_llm(config: Config, kind: str, *, cuda_available: bool) -> None:
             "training.sharding",
             "FSDP is not supported with ORTTrainer; set spec.acceleration to 'auto', 'none' or 'compile'",
         )
+    if config.s3 and importlib.util.find_spec("boto3") is None:
+        raise ConfigError("output.s3", "copying to S3 needs boto3, which this image lacks; use the default image")
+
+
+def validate_credentials(config: Config) -> None:
+    """What only the launcher can check: the export's credentials, which the training processes never see."""
+    from finetune_trainer import export
+
     if config.push_to_hub and not export.hub_token():
         raise ConfigError(
             "output.pushToHub.secretRef",
             "pushing to the Hub needs a token with write access: set spec.output.pushToHub.secretRef (or "
             "spec.hfTokenSecretRef) to a Secret holding it",
         )
-    if config.s3 and importlib.util.find_spec("boto3") is None:
-        raise ConfigError("output.s3", "copying to S3 needs boto3, which this image lacks; use the default image")
 
 
 def preflight(config: Config, run: RunEnv) -> float:
@@ -160,14 +171,101 @@ def preflight(config: Config, run: RunEnv) -> float:
     )
 
 
-def torchrun_command(config: Config) -> list[str]:
+def launch_args(config: Config) -> list[str]:
+    """torchrun's flags, for torchrun and the agent alike (both read the ``PET_*`` variables for the rest)."""
     timeout = max(60, config.preflight_timeout_seconds)
     return [
-        sys.executable, "-m", "torch.distributed.run",
         "--max-restarts", "0",  # restarts are the operator's (gang) decision
         "--rdzv-conf", f"timeout={timeout}",
-        "-m", "finetune_trainer.worker",
     ]  # fmt: skip
+
+
+def torchrun_command(config: Config) -> list[str]:
+    """The ONNX Runtime image's workers: torchrun starts each as its own interpreter (``finetune_trainer.worker``)."""
+    return [sys.executable, "-m", "torch.distributed.run", *launch_args(config), "-m", "finetune_trainer.worker"]
+
+
+def agent_command(config: Config) -> list[str]:
+    """The default image's workers: forked by the agent, which imports the training stack once while the launcher
+    validates (``finetune_trainer.agent``)."""
+    return [sys.executable, "-m", "finetune_trainer.agent", *launch_args(config)]
+
+
+class Workers:
+    """The parent of the training processes: the agent, started as soon as the config is read (it imports the stack
+    and validates the job, :meth:`verdict`) and told to go once the launcher's own work is done, or torchrun (the ONNX
+    Runtime image, or ``FINETUNE_WORKER_START=torchrun``), started then; the launcher then validates itself."""
+
+    def __init__(self, config: Config, env: dict[str, str]) -> None:
+        self.env = env
+        # FINETUNE_WORKER_START=torchrun (spec.env) starts every worker as its own interpreter, as before the agent
+        self.agent = config.acceleration != "ort" and os.environ.get(WORKER_START_ENV) != "torchrun"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._verdict: int | None = None
+        if self.agent:
+            self.command = agent_command(config)
+            self._verdict, write_end = os.pipe()
+            self.proc = subprocess.Popen(
+                self.command,
+                env={**env, AGENT_VERDICT_FD_ENV: str(write_end)},
+                stdin=subprocess.PIPE,
+                pass_fds=(write_end,),
+            )
+            os.close(write_end)
+        else:
+            self.command = torchrun_command(config)
+
+    def verdict(self) -> None:
+        """The agent's validation of the job (with the stack it imported): returns when it passed, raises
+        :class:`ConfigError` with the field and the fix, or :class:`AgentFailed` when the agent died first."""
+        assert self._verdict is not None and self.proc is not None
+        with os.fdopen(self._verdict, "rb") as f:
+            self._verdict = None
+            line = f.readline()
+        try:
+            answer = json.loads(line) if line.strip() else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            code = self.proc.wait()
+            raise AgentFailed(f"the training agent exited with code {code} before it validated the job; see the log")
+        if not answer.get("ok"):
+            raise ConfigError(str(answer.get("field") or ""), str(answer.get("message") or ""))
+
+    def go(self) -> subprocess.Popen[bytes]:
+        """Start training: ``FINETUNE_TORCHRUN_TIME`` marks the end of the launcher's own work."""
+        now = {"FINETUNE_TORCHRUN_TIME": repr(time.time())}
+        log.info("starting the workers: %s", " ".join(self.command))
+        if self.proc is None:
+            self.proc = subprocess.Popen(self.command, env={**self.env, **now})
+            return self.proc
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(now).encode() + b"\n")
+            self.proc.stdin.close()
+        except OSError:  # the agent died: its exit code and output say why
+            pass
+        return self.proc
+
+    def discard(self) -> None:
+        """No training after all: an agent still waiting is told so (end of input) and exits 0."""
+        if self._verdict is not None:
+            os.close(self._verdict)
+            self._verdict = None
+        proc, self.proc = self.proc, None
+        if proc is None or proc.stdin is None or proc.stdin.closed:
+            return
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class AgentFailed(Exception):
+    """The agent exited before it validated the job (a broken image, a crash while importing)."""
 
 
 def worker_env(run: RunEnv, launch_time: float, error_file: str, *, cache_path: str | None = None) -> dict[str, str]:
@@ -303,20 +401,35 @@ def run() -> int:
             # Before anything imports huggingface_hub or datasets: they read their cache paths at import.
             hfcache.apply_cache_env(os.environ, config.cache_path, offline=False)
         run_env = read_env(original_env, job_name=config.job.name, namespace=config.job.namespace)
-        import torch
-
-        validate(config, run_env, cuda_available=torch.cuda.is_available())
-        if run_env.node_rank == 0:
-            from finetune_trainer import runid
-
-            log.info("run %s", runid.claim(config))  # refuses another run's checkpoints and model
     except ConfigError as e:
         return _fail(errors.EXIT_CONFIG_ERROR, str(e))
     podlog.start(config.output_path, run_env.attempt, run_env.node_rank)
-    try:
-        return _run_validated(forwarder, config, run_env, launch_time)
-    finally:
-        podlog.close_active()
+    with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
+        error_file = os.path.join(tmp, "error.json")
+        env = worker_env(run_env, launch_time, error_file, cache_path=config.cache_path)
+        env["FINETUNE_STOP_FILE"] = os.path.join(tmp, "stopped")
+        workers = Workers(config, env)  # the agent imports the training stack and validates the job
+        try:
+            try:
+                validate_credentials(config)
+                if workers.agent:
+                    workers.verdict()
+                else:
+                    import torch
+
+                    validate(config, run_env, cuda_available=torch.cuda.is_available())
+                if run_env.node_rank == 0:
+                    from finetune_trainer import runid
+
+                    log.info("run %s", runid.claim(config))  # refuses another run's checkpoints and model
+            except ConfigError as e:
+                return _fail(errors.EXIT_CONFIG_ERROR, str(e))
+            except AgentFailed as e:
+                return _fail(errors.EXIT_TRAINING_ERROR, str(e))
+            return _run_validated(forwarder, config, run_env, workers, error_file)
+        finally:
+            workers.discard()
+            podlog.close_active()
 
 
 def _write_completion(config: Config) -> None:
@@ -334,8 +447,8 @@ def _write_completion(config: Config) -> None:
     )
 
 
-def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, launch_time: float) -> int:
-    """From a valid config on: the shared cache, the preflight, torchrun, the exports."""
+def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, workers: Workers, error_file: str) -> int:
+    """From a valid config on: the shared cache, the preflight, the workers, the exports."""
     forwarder.phase = "shared cache"
     try:
         hfcache.prepare(config, run_env)
@@ -353,19 +466,12 @@ def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, launc
     except RendezvousTimeout as e:
         return _fail(errors.EXIT_RENDEZVOUS_TIMEOUT, str(e))
 
-    with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
-        error_file = os.path.join(tmp, "error.json")
-        stop_file = os.path.join(tmp, "stopped")
-        cmd = torchrun_command(config)
-        log.info("starting: %s", " ".join(cmd))
-        env = worker_env(run_env, launch_time, error_file, cache_path=config.cache_path)
-        env["FINETUNE_STOP_FILE"] = stop_file
-        forwarder.phase = None
-        forwarder.proc = subprocess.Popen(cmd, env=env)
-        forwarder.forward_pending()
-        rc = forwarder.proc.wait()
-        message = read_error_file(error_file)
-        stopped_together = os.path.exists(stop_file)
+    forwarder.phase = None
+    forwarder.proc = workers.go()
+    forwarder.forward_pending()
+    rc = forwarder.proc.wait()
+    message = read_error_file(error_file)
+    stopped_together = os.path.exists(workers.env["FINETUNE_STOP_FILE"])
 
     if rc == 0:
         if run_env.node_rank != 0:

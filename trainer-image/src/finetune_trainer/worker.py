@@ -1,6 +1,8 @@
-"""One torchrun worker: build tokenizer, model, data and Trainer from the config, train, resume, save.
+"""One training worker: build tokenizer, model, data and Trainer from the config, train, resume, save.
 
-``main()`` is thin: read config, run, always tear the process group down. Failures are recorded by torchelastic's
+``run()`` is thin: read config, train, always tear the process group down. Workers are forked by the agent
+(``finetune_trainer.agent``, entry ``forked_entry``) with this module already imported, or started by torchrun as
+``python -m finetune_trainer.worker`` (``main``; the ONNX Runtime image). Failures are recorded by torchelastic's
 ``@record`` into ``TORCHELASTIC_ERROR_FILE``, which the launcher turns into the pod's termination message.
 """
 
@@ -340,6 +342,17 @@ def batch_record(config: Config, ident: Identity) -> dict[str, Any]:
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "global_batch_size": used,
         "global_batch_size_asked": t.global_batch_size if t.global_batch_size is not None else used,
+    }
+
+
+def workers_record() -> dict[str, Any]:
+    """How this node's training processes started: ``fork`` (from the agent, the stack imported once, in
+    ``agent_import_seconds`` beside the launcher's own work), ``spawn`` (the agent had initialised CUDA) or
+    ``torchrun`` (each worker its own interpreter: the ONNX Runtime image)."""
+    imported = os.environ.get("FINETUNE_AGENT_IMPORT_SECONDS")
+    return {
+        "start_method": os.environ.get("FINETUNE_START_METHOD", "torchrun"),
+        "agent_import_seconds": round(float(imported), 3) if imported else None,
     }
 
 
@@ -858,6 +871,7 @@ def save_results(
                 "time_to_first_step_seconds": metrics_cb.time_to_first_step,
                 "warmup_seconds": metrics_cb.first_step_seconds,
                 "startup": {k: round(v, 3) for k, v in phases.items()},
+                "workers": workers_record(),
                 "resumed_from_step": resumed_from,
                 "resume_fallbacks": setup.resume_fallbacks,
                 "acceleration": kind,
@@ -901,11 +915,13 @@ def train(config: Config, ident: Identity, stop: StopFlag, launch_time: float) -
     return save_results(config, ident, setup, tokenizer=tokenizer, ds=ds, m=m, built=built, run=run, stop=stop)
 
 
-@record
-def main() -> None:
+def run() -> tuple[int, Config | None]:
+    """The worker's whole life in this process: its exit code and config (None when the config did not load). Raises
+    on failure; the caller (``main``, or the agent's forked entry) turns the exception into the error file."""
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s rank" + os.environ.get("RANK", "?") + " %(levelname)s %(name)s: %(message)s",
+        force=True,  # a worker forked from the agent inherits its handlers, without the rank
     )
     launch_time = float(os.environ.get("FINETUNE_LAUNCH_TIME") or time.time())
     stop = StopFlag()
@@ -929,6 +945,20 @@ def main() -> None:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+    return code, config
+
+
+def forked_entry() -> None:
+    """The agent's entry point (``finetune_trainer.agent``), in a process forked from it with the stack imported. A
+    non-zero code leaves through SystemExit: torch's process context reports it as this rank's exit code."""
+    code, _ = run()
+    if code != 0:
+        raise SystemExit(code)
+
+
+@record
+def main() -> None:
+    code, config = run()
     if config is not None and config.acceleration == "ort":
         # onnxruntime-training tears its environment down in an atexit hook that intermittently hangs the interpreter's
         # exit (seen in this project's test runs, after the checkpoint and the stop record were written): the work

@@ -1,0 +1,89 @@
+"""``python -m finetune_trainer.agent``: torchrun's elastic agent in a process that imports the training stack once and
+forks every worker from it.
+
+The launcher starts the agent as soon as it has read its config and stays light itself (it never imports torch): the
+agent imports the stack (torch, transformers, peft, trl: about 5 s of CPU), validates the job with it (the launcher's
+``validate``, every check that needs no export credential) and writes its verdict, one JSON line, to the pipe named by
+``FINETUNE_AGENT_VERDICT_FD``. Meanwhile the launcher fills the shared cache (node rank 0) or waits for rank 0. The
+agent then waits for one line on its standard input: the launcher's go (a JSON object of environment variables to
+add), or end of file when the launcher gives up (a bad config, a timeout, SIGTERM), and exits 0 without training.
+
+On the go it runs torch's own agent (``torch.distributed.run``'s arguments, read from the same ``PET_*`` variables
+and flags as ``torchrun``: static rendezvous, no restarts of its own) with the worker's ``forked_entry`` as its entry
+point. The workers are forked, so none of them imports anything again: what torchrun paid per process (its own
+interpreter, then each worker's imports) is paid once per pod. Forking is safe while this process has not initialised
+CUDA (the imports do not; ``PYTORCH_NVML_BASED_CUDA_CHECK`` keeps availability checks from doing it); if something
+did, the workers are spawned instead, importing the stack again, as torchrun's would. ``FINETUNE_START_METHOD`` tells
+the workers which, for their start-up record.
+
+Failures reach the launcher as with torchrun: ``@record`` copies the failed worker's error file to
+``TORCHELASTIC_ERROR_FILE``, and the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def start_method() -> str:
+    """``fork`` unless this process has initialised CUDA (a forked child could not use it)."""
+    import torch
+
+    return "spawn" if torch.cuda.is_initialized() else "fork"
+
+
+def _validate() -> None:
+    """The launcher's checks, run here where the stack is imported; the verdict goes to the launcher's pipe."""
+    import torch
+
+    from finetune_trainer.config import load_config
+    from finetune_trainer.env import read_env
+    from finetune_trainer.errors import ConfigError
+    from finetune_trainer.launcher import AGENT_VERDICT_FD_ENV, validate
+
+    verdict: dict[str, object] = {"ok": True}
+    try:
+        validate(load_config(), read_env(), cuda_available=torch.cuda.is_available())
+    except ConfigError as e:
+        verdict = {"ok": False, "field": e.field, "message": e.message}
+    fd = os.environ.pop(AGENT_VERDICT_FD_ENV, None)
+    if fd is not None:
+        with os.fdopen(int(fd), "w") as f:  # closed here: the workers never hold it
+            f.write(json.dumps(verdict) + "\n")
+
+
+def main() -> int:
+    started = time.time()
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from finetune_trainer import worker  # the whole training stack, once
+
+    imported = time.time() - started
+    _validate()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the launcher gave up before training
+    os.environ.update({str(k): str(v) for k, v in json.loads(line).items()})
+    method = start_method()
+    os.environ["FINETUNE_START_METHOD"] = method
+    os.environ["FINETUNE_AGENT_IMPORT_SECONDS"] = f"{imported:.3f}"
+
+    @record
+    def launch() -> None:
+        from torch.distributed.launcher.api import elastic_launch
+        from torch.distributed.run import config_from_args, parse_args
+
+        argv = [*sys.argv[1:], "--start-method", method, "-m", "finetune_trainer.worker"]
+        config, _, _ = config_from_args(parse_args(argv))
+        elastic_launch(config, worker.forked_entry)()
+
+    launch()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
