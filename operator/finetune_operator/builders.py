@@ -7,6 +7,7 @@ contract"): headless Service ``J``, ConfigMap ``J-config`` with the trainer's co
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -315,12 +316,27 @@ def _with_ddp_timeout(extra: dict[str, Any], deadline: int | None) -> dict[str, 
     return out
 
 
+CONFIG_DIGEST_ENV = "FINETUNE_CONFIG_SHA256"
+
+
+def config_text(ref: JobRef, spec: JobSpec) -> str:
+    """The trainer config file exactly as the ConfigMap holds it."""
+    return json.dumps(trainer_config(ref, spec), indent=2, sort_keys=True)
+
+
+def config_digest(ref: JobRef, spec: JobSpec) -> str:
+    """sha256 of :func:`config_text`, in every pod's env (``FINETUNE_CONFIG_SHA256``, immutable once the pod exists):
+    the launcher and every worker refuse a config file that is not the one admission judged (a tenant may edit the
+    ConfigMap in its namespace; it may not edit a pod's env)."""
+    return hashlib.sha256(config_text(ref, spec).encode()).hexdigest()
+
+
 def build_config_map(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(ref, config_map_name(ref.name), common_labels(ref.name, "config")),
-        "data": {CONFIG_FILE: json.dumps(trainer_config(ref, spec), indent=2, sort_keys=True)},
+        "data": {CONFIG_FILE: config_text(ref, spec)},
     }
 
 
@@ -361,6 +377,7 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     annotations = {**spec.pod_template.annotations, **kueue_annotations}
 
     env: list[dict[str, Any]] = list(env_contract(ref, spec, rank=rank, attempt=attempt))
+    env.append({"name": CONFIG_DIGEST_ENV, "value": config_digest(ref, spec)})
     user_env_names = {e["name"] for e in spec.env}
     if "HF_HOME" not in user_env_names:
         env.append({"name": "HF_HOME", "value": hf_home(spec)})

@@ -8,6 +8,7 @@ kubelet or container runtime can run on these machines.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -59,6 +60,9 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
     job = jobs.create(make_job("ft").nodes(nodes).build())
     pods = jobs.wait_pods("ft", nodes)
     assert [p.metadata.name for p in pods] == [f"ft-node-{r}" for r in range(nodes)]
+    # the digest of the config the operator admitted, which the trainer checks its file against (a tenant may rewrite
+    # the ConfigMap, never a pod's env)
+    admitted = hashlib.sha256(jobs.core.read_namespaced_config_map("ft-config", namespace).data["config.json"].encode())
     for rank, pod in enumerate(pods):
         assert env_of(pod) == {
             "PET_NNODES": str(nodes),
@@ -76,6 +80,7 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
             "FINETUNE_NAMESPACE": namespace,
             "FINETUNE_ATTEMPT": "0",
             "FINETUNE_CONFIG": "/etc/finetune/config.json",
+            "FINETUNE_CONFIG_SHA256": admitted.hexdigest(),
             "HF_HOME": "/tmp/huggingface",
             "AWS_EC2_METADATA_DISABLED": "true",  # no node IAM role through instance metadata
         }

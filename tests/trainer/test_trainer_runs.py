@@ -6,6 +6,7 @@ Nothing is mocked. Offline (HF_HUB_OFFLINE=1), CPU only. Ports are free ports; w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -387,6 +388,22 @@ def test_unreachable_master_exits_75(tmp_path: Path) -> None:
     term = node.termination()
     assert term["reason"] == "RendezvousTimeout" and "127.0.0.1:" in term["message"]
     assert "spec.rendezvousTimeoutSeconds" in term["message"], term
+
+
+def test_a_config_changed_after_admission_exits_78_before_training(tmp_path: Path) -> None:
+    """The pod's env carries the digest of the config the operator admitted; the file the launcher finds (a tenant
+    rewrote the ConfigMap) differs and stays so for the settle time: exit 78 naming the file, no worker started."""
+    cfg = tiny_config(tmp_path / "out")
+    admitted = hashlib.sha256(json.dumps({**cfg, "acceleration": "none"}).encode()).hexdigest()
+    extra = {"FINETUNE_CONFIG_SHA256": admitted, "FINETUNE_CONFIG_SETTLE_SECONDS": "2"}
+    node = Node(tmp_path, cfg, extra_env=extra)
+    assert node.wait(120) == 78, node.log()
+    term = node.termination()
+    assert term is not None and term["reason"] == "ConfigError", term
+    assert term["message"].startswith("FINETUNE_CONFIG: ") and "not the one the operator admitted" in term["message"]
+    assert "reading it again for up to 2s" in node.log()
+    assert "starting the workers" not in node.log()
+    assert not (tmp_path / "out" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,17 @@ trainer's own parser (``finetune_trainer.config.parse_config``), and the values 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from finetune_operator import spec as op_spec
-from finetune_operator.builders import JobRef, trainer_config
+from finetune_operator.builders import JobRef, build_config_map, build_pods, trainer_config
+from finetune_operator.settings import CONFIG_FILE, Settings
 from finetune_operator.spec import parse_spec
 from finetune_trainer import config as tr_config
 
@@ -165,3 +168,43 @@ def test_crd_defaults_are_the_trainers(crd_path: list[str], trainer_field: str) 
     documented = re.search(r"Default `([^`]+)` unless the job's runtime sets one", node.get("description", ""))
     default = node["default"] if "default" in node else yaml.safe_load(documented.group(1)) if documented else None
     assert default == defaults[trainer_field]
+
+
+@pytest.mark.parametrize(("name", "raw"), cases()[:2], ids=[c[0] for c in cases()[:2]])
+def test_the_config_a_pod_reads_is_the_one_admitted(
+    name: str, raw: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pod carries the digest of the ConfigMap's file in its (immutable) env; the trainer reads that file, and
+    refuses the same file with one setting changed, as a tenant with the ``edit`` role could change it after admission,
+    naming the file and what to do instead."""
+    spec = parse_spec(raw)
+    data = build_config_map(REF, spec)["data"]
+    (path := tmp_path / "config.json").write_text(data[CONFIG_FILE])
+    for pod in build_pods(REF, spec, attempt=0, settings=Settings()):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        monkeypatch.setenv(tr_config.CONFIG_DIGEST_ENV, env[tr_config.CONFIG_DIGEST_ENV])
+        assert tr_config.load_config(str(path)).job.name == REF.name
+    path.write_text(data[CONFIG_FILE].replace('"trustRemoteCode": false', '"trustRemoteCode": true'))
+    assert path.read_text() != data[CONFIG_FILE]
+    with pytest.raises(tr_config.ConfigError) as e:
+        tr_config.load_config(str(path))
+    assert e.value.field == "FINETUNE_CONFIG"
+    assert "not the one the operator admitted" in e.value.message and "change the FineTuneJob" in e.value.message
+
+
+def test_a_config_file_brought_up_to_date_within_the_settle_time_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet may still hold an attempt's previous file when its pod starts: the launcher reads it again until it
+    is the admitted one (here it changes half a second in)."""
+    spec = parse_spec(cases()[0][1])
+    admitted = build_config_map(REF, spec)["data"][CONFIG_FILE]
+    path = tmp_path / "config.json"
+    path.write_text(admitted.replace('"seed": ', '"seed": 1'))
+    monkeypatch.setenv(tr_config.CONFIG_DIGEST_ENV, hashlib.sha256(admitted.encode()).hexdigest())
+    timer = threading.Timer(0.5, path.write_text, args=(admitted,))
+    timer.start()
+    try:
+        assert tr_config.load_config(str(path), settle_seconds=30).job.name == REF.name
+    finally:
+        timer.cancel()

@@ -8,8 +8,11 @@ a :class:`ConfigError` naming the field and the fix.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import logging
 import os
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -17,10 +20,14 @@ from typing import Any, Literal
 
 from finetune_trainer.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 CONFIG_VERSION = "1.4"
 SUPPORTED_MAJOR = 1
 SUPPORTED_MINOR = 4
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
+CONFIG_DIGEST_ENV = "FINETUNE_CONFIG_SHA256"  # the operator's digest of the file it wrote (immutable pod env)
+CONFIG_SETTLE_SECONDS = 120.0  # the launcher waits this long for the kubelet to bring a changed file up to date
 
 Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo"]
 SUPPORTED_TASKS = ("sequence-classification", "causal-lm", "dpo")
@@ -467,14 +474,48 @@ def parse_config(raw: dict[str, Any]) -> Config:
     )
 
 
-def load_config(path: str | None = None) -> Config:
-    """Read and parse the config file (``$FINETUNE_CONFIG``, default ``/etc/finetune/config.json``)."""
+def load_config(path: str | None = None, *, settle_seconds: float = 0.0) -> Config:
+    """Read and parse the config file (``$FINETUNE_CONFIG``, default ``/etc/finetune/config.json``).
+
+    With ``FINETUNE_CONFIG_SHA256`` in the environment (the operator puts it in every pod: immutable once the pod
+    exists), the file must have that digest: the ConfigMap lives in the tenant's namespace, where the ``edit`` role may
+    rewrite it after admission. A file that differs is read again every second for ``settle_seconds`` (the launcher:
+    the kubelet may still be writing the attempt's new config into the volume), then refused."""
     path = path or os.environ.get("FINETUNE_CONFIG", DEFAULT_CONFIG_PATH)
+    deadline = time.monotonic() + settle_seconds
+    warned = False
+    while True:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise ConfigError("FINETUNE_CONFIG", f"config file {path!r} does not exist") from None
+        wrong = _not_admitted(path, data)
+        if wrong is None:
+            break
+        if time.monotonic() >= deadline:
+            raise ConfigError("FINETUNE_CONFIG", wrong)
+        if not warned:
+            log.warning("%s; reading it again for up to %.0fs", wrong, settle_seconds)
+            warned = True
+        time.sleep(1.0)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError("FINETUNE_CONFIG", f"config file {path!r} does not exist") from None
-    except json.JSONDecodeError as e:
+        raw = json.loads(data)
+    except ValueError as e:
         raise ConfigError("FINETUNE_CONFIG", f"config file {path!r} is not valid JSON: {e}") from None
     return parse_config(raw)
+
+
+def _not_admitted(path: str, data: bytes) -> str | None:
+    """Why ``data`` is not the config the operator admitted (``FINETUNE_CONFIG_SHA256``), or None."""
+    want = os.environ.get(CONFIG_DIGEST_ENV, "").strip().lower()
+    if not want:
+        return None
+    got = hashlib.sha256(data).hexdigest()
+    if got == want:
+        return None
+    return (
+        f"config file {path!r} is not the one the operator admitted for this attempt (sha256 {got[:16]}, admitted "
+        f"{want[:16]}): the job's ConfigMap was changed after the operator wrote it. The trainer config is the "
+        "operator's to write: change the FineTuneJob instead, or re-create it"
+    )

@@ -38,7 +38,7 @@ import time
 from typing import Any, NoReturn
 
 from finetune_trainer import errors, hfcache, podlog
-from finetune_trainer.config import Config, load_config
+from finetune_trainer.config import CONFIG_SETTLE_SECONDS, Config, load_config
 from finetune_trainer.env import RunEnv, read_env
 from finetune_trainer.errors import ConfigError, RendezvousTimeout
 
@@ -198,7 +198,8 @@ class Workers:
 
     def __init__(self, config: Config, env: dict[str, str]) -> None:
         self.env = env
-        # FINETUNE_WORKER_START=torchrun (spec.env) starts every worker as its own interpreter, as before the agent
+        # FINETUNE_WORKER_START=torchrun in the launcher's environment (bench/startup.py compares the two) starts every
+        # worker as its own interpreter; a job's spec.env cannot set it (FINETUNE_* names belong to the contract)
         self.agent = config.acceleration != "ort" and os.environ.get(WORKER_START_ENV) != "torchrun"
         self.proc: subprocess.Popen[bytes] | None = None
         self._verdict: int | None = None
@@ -396,7 +397,8 @@ def run() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(message)s")
 
     try:
-        config = load_config()
+        settle = float(os.environ.get("FINETUNE_CONFIG_SETTLE_SECONDS") or CONFIG_SETTLE_SECONDS)
+        config = load_config(settle_seconds=settle)
         if config.cache_path:
             # Before anything imports huggingface_hub or datasets: they read their cache paths at import.
             hfcache.apply_cache_env(os.environ, config.cache_path, offline=False)
