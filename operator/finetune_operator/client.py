@@ -533,12 +533,12 @@ class FineTuneClient:
         from finetune_operator import render
 
         bar = Progress(
-            TextColumn("{task.fields[state]}"),
+            TextColumn("{task.fields[state]}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.fields[detail]}", markup=False),
             TimeElapsedColumn(),
-            console=console or Console(stderr=True, soft_wrap=True),
+            console=console or Console(stderr=True, soft_wrap=True, markup=False),
             transient=False,
         )
         write = logs if callable(logs) else raw_line

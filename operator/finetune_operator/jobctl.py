@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.text import Text
 
 from finetune_operator import render
 from finetune_operator.client import (
@@ -44,7 +45,7 @@ class Context:
 
 def _print_errors(ctx: Context, e: InvalidManifest) -> int:
     for line in e.errors:
-        ctx.err.print(f"[red]error[/red] {e.source}: {line}", highlight=False)
+        ctx.err.print(Text.assemble(("error", "red"), f" {render.clean(e.source)}: {render.clean(line)}"))
     return EXIT_USAGE
 
 
@@ -58,7 +59,7 @@ def cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     eff = None if args.offline else ctx.client.effective(job)
     if eff is not None:
         record = {**(eff.runtime.snapshot() if eff.runtime else {}), "chosenBy": eff.how}
-        ctx.out.print(f"Runtime: {render.runtime_line(record)}", highlight=False)
+        ctx.out.print(f"Runtime: {render.clean(render.runtime_line(record))}", highlight=False)
         values = [v.to_wire() for v in eff.values]
         ctx.out.print(render.effective_table(values, title="Effective values", operator_known=False), highlight=False)
     return EXIT_OK
@@ -84,8 +85,11 @@ def cmd_submit(ctx: Context, args: argparse.Namespace) -> int:
         return _print_errors(ctx, e)
     if done.finished_before:
         ctx.err.print(
-            f"[yellow]note[/yellow]: {done.job.name} has already finished ({done.finished_before}); a finished "
-            "job never runs again: delete it first (finetune delete) to run it anew",
+            Text.assemble(
+                ("note", "yellow"),
+                f": {done.job.name} has already finished ({render.clean(done.finished_before)}); a finished "
+                "job never runs again: delete it first (finetune delete) to run it anew",
+            ),
             highlight=False,
         )
     ctx.out.print(f"finetunejob.{GROUP}/{done.job.name} {done.verb}", highlight=False)
@@ -93,7 +97,7 @@ def cmd_submit(ctx: Context, args: argparse.Namespace) -> int:
         return EXIT_OK
     job = ctx.client.follow(done.job.name, uid=done.job.uid, console=ctx.err)
     style = "green" if job.state == SUCCEEDED else "red"
-    ctx.out.print(f"[{style}]{job.final_line()}[/{style}]", highlight=False)
+    ctx.out.print(Text(job.final_line(), style=style), highlight=False)
     return EXIT_OK if job.state == SUCCEEDED else EXIT_FAILED
 
 
@@ -122,7 +126,9 @@ def cmd_logs(ctx: Context, args: argparse.Namespace) -> int:
     pods = ctx.client.rank_pods(args.name, ranks=ranks, attempt=attempt, job=job)
     for rank in ranks:
         if rank not in pods:
-            ctx.err.print(f"[yellow]note[/yellow]: {no_pod(job.raw, attempt, [rank], job.attempt)}", highlight=False)
+            ctx.err.print(
+                Text.assemble(("note", "yellow"), f": {render.clean(no_pod(job.raw, attempt, [rank], job.attempt))}")
+            )
     if len(pods) == 1:
         for line in ctx.client.log_lines(next(iter(pods.values())), follow=args.follow, tail=args.tail):
             raw_line(line)
@@ -136,10 +142,10 @@ def cmd_wait(ctx: Context, args: argparse.Namespace) -> int:
     try:
         job = ctx.client.wait(args.name, for_=args.for_, timeout=args.timeout)
     except Unreachable as e:
-        ctx.err.print(str(e), highlight=False)
+        ctx.err.print(render.clean(e), highlight=False)
         return EXIT_FAILED
     except WaitTimeout as e:
-        ctx.err.print(str(e), highlight=False)
+        ctx.err.print(render.clean(e), highlight=False)
         return EXIT_TIMEOUT
     ctx.out.print(job.final_line(), highlight=False)
     return EXIT_FAILED if args.for_ == "finished" and job.state == FAILED else EXIT_OK
@@ -163,7 +169,7 @@ def cmd_delete(ctx: Context, args: argparse.Namespace) -> int:
         try:
             ctx.client.delete_wait(args.name, timeout=args.timeout)
         except TimeoutError as e:
-            ctx.err.print(str(e), highlight=False)
+            ctx.err.print(render.clean(e), highlight=False)
             return EXIT_TIMEOUT
     return EXIT_OK
 
@@ -206,7 +212,7 @@ COMMANDS: dict[str, Callable[[Context, argparse.Namespace], int]] = {
 
 
 def run(args: argparse.Namespace) -> int:
-    err = Console(stderr=True, soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True, markup=False)  # cluster text is never markup (render.clean)
     try:
         client = FineTuneClient(
             args.namespace,
@@ -214,12 +220,12 @@ def run(args: argparse.Namespace) -> int:
             context=getattr(args, "context", None),
             offline=bool(getattr(args, "offline", False)),
         )
-        return COMMANDS[args.command](Context(client, Console(soft_wrap=True), err), args)
+        return COMMANDS[args.command](Context(client, Console(soft_wrap=True, markup=False), err), args)
     except UserError as e:
-        err.print(f"[red]error[/red]: {e}", highlight=False)
+        err.print(Text.assemble(("error", "red"), f": {render.clean(e)}"), highlight=False)
         return EXIT_USAGE
     except ApiError as e:
-        err.print(f"[red]error[/red]: the API server answered {e}", highlight=False)
+        err.print(Text.assemble(("error", "red"), f": the API server answered {render.clean(e)}"), highlight=False)
         return EXIT_FAILED if e.code != 403 else EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

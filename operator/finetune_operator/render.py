@@ -17,6 +17,33 @@ from rich.text import Text
 from finetune_operator.history import series
 from finetune_operator.status import FAILED, RUNNING, SUCCEEDED, SUSPENDED, Status, parse_ts
 
+# C0 controls but tab and newline, DEL and C1: an escape sequence in a message could retitle or rewrite the terminal
+_CONTROLS = {c: "\ufffd" for c in (*range(0x09), 0x0B, 0x0C, *range(0x0D, 0x20), *range(0x7F, 0xA0))}
+
+
+def clean(value: Any) -> str:
+    """Text from the cluster made safe for a terminal: messages come from trainer termination messages and events,
+    which a job's own code writes, so every control character (escape sequences, BEL, carriage return) shows as
+    U+FFFD. Rich markup is never parsed in it either: the CLI's consoles run with markup off, and tables get
+    :class:`Text` cells (:func:`cell`)."""
+    return str(value).translate(_CONTROLS)
+
+
+def cell(value: Any) -> RenderableType:
+    """A table cell from any value, cleaned (:func:`clean`); a :class:`Text` keeps its styles."""
+    if value is None:
+        return Text("")
+    if isinstance(value, Text):
+        out = value.copy()
+        out.plain = clean(value.plain)  # one character for one: the spans still fit
+        return out
+    return Text(clean(value))
+
+
+def _add(table: Table, *cells: Any) -> None:
+    table.add_row(*(cell(c) for c in cells))
+
+
 STYLE = {RUNNING: "green", SUCCEEDED: "bold green", FAILED: "bold red", "Restarting": "yellow", SUSPENDED: "cyan"}
 
 
@@ -135,35 +162,36 @@ def status_block(
     head.add_column(style="bold")
     head.add_column()
     created = age(meta.get("creationTimestamp"), now)
-    head.add_row("Name", f"{meta['name']} (namespace {meta['namespace']}, age {created})")
-    head.add_row("State", Text.assemble((state, STYLE.get(state, "")), f"  {why}" if why else ""))
+    _add(head, "Name", f"{meta['name']} (namespace {meta['namespace']}, age {created})")
+    _add(head, "State", Text.assemble((state, STYLE.get(state, "")), f"  {why}" if why else ""))
     if message and not (state == FAILED and st.get("failure")):  # else the Failure row below says it
-        head.add_row("", message)
-    head.add_row(
+        _add(head, "", message)
+    _add(
+        head,
         "Attempt",
         f"{st.get('attempt', 0)} (restarts {st.get('restarts', 0)}/{spec.get('maxRestarts', 3)}, "
         f"disruptions {st.get('disruptions', 0)})",
     )
-    head.add_row("Nodes", f"{st.get('nodes', '0/' + str(spec.get('nodes', 1)))} running")
+    _add(head, "Nodes", f"{st.get('nodes', '0/' + str(spec.get('nodes', 1)))} running")
     if line := elastic_line(st.get("elastic")):
-        head.add_row("Elastic", line)
+        _add(head, "Elastic", line)
     if line := progress_line(st.get("progress")):
-        head.add_row("Progress", line)
+        _add(head, "Progress", line)
     for label, line in curve_rows(st.get("history")):
-        head.add_row(label, line)
+        _add(head, label, line)
     prog = st.get("progress") or {}
     if prog.get("lastCheckpointStep") is not None:
-        head.add_row("Checkpoint", f"step {prog['lastCheckpointStep']}")
+        _add(head, "Checkpoint", f"step {prog['lastCheckpointStep']}")
     if prog.get("stepsLostToRestarts"):
-        head.add_row("Lost", f"{prog['stepsLostToRestarts']} step(s) to restarts")
+        _add(head, "Lost", f"{prog['stepsLostToRestarts']} step(s) to restarts")
     if line := runtime_line(st.get("runtime")):
-        head.add_row("Runtime", f"{line} (attempt {st['runtime'].get('attempt', 0)})")
+        _add(head, "Runtime", f"{line} (attempt {st['runtime'].get('attempt', 0)})")
     if f := st.get("failure"):
         where = f" on node {f['rank']}" if f.get("rank") is not None else ""
         where += f" in attempt {f['attempt']}" if f.get("attempt") is not None else ""
-        head.add_row("Failure", Text(f"{f.get('reason')}{where}: {f.get('message', '')}", style="red"))
+        _add(head, "Failure", Text(f"{f.get('reason')}{where}: {f.get('message', '')}", style="red"))
         if f.get("podName"):
-            head.add_row("", f"its log: finetune logs {meta['name']} --rank {f.get('rank', 0)} (pod {f['podName']})")
+            _add(head, "", f"its log: finetune logs {meta['name']} --rank {f.get('rank', 0)} (pod {f['podName']})")
     parts: list[RenderableType] = [head]
     if (st.get("runtime") or {}).get("values"):
         parts.append(effective_table(st["runtime"]["values"], title="Effective values (current attempt)"))
@@ -176,7 +204,8 @@ def status_block(
             phase = (p.get("status") or {}).get("phase") or "Pending"
             if p["metadata"].get("deletionTimestamp"):
                 phase = "Terminating"
-            t.add_row(
+            _add(
+                t,
                 p["metadata"]["name"],
                 labels.get("finetune.dev/node-rank", "?"),
                 labels.get("finetune.dev/attempt", "?"),
@@ -190,8 +219,13 @@ def status_block(
         for col in ("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"):
             t.add_column(col, overflow="fold")
         for c in st["conditions"]:
-            t.add_row(
-                c.get("type"), c.get("status"), c.get("reason"), age(c.get("lastTransitionTime"), now), c.get("message")
+            _add(
+                t,
+                c.get("type"),
+                c.get("status"),
+                c.get("reason"),
+                age(c.get("lastTransitionTime"), now),
+                c.get("message"),
             )
         parts.append(t)
     if events:
@@ -199,8 +233,12 @@ def status_block(
         for col in ("AGE", "TYPE", "REASON", "MESSAGE"):
             t.add_column(col, overflow="fold")
         for e in events[-events_shown:]:
-            t.add_row(
-                age(e.get("lastTimestamp") or e.get("eventTime"), now), e.get("type"), e.get("reason"), e.get("message")
+            _add(
+                t,
+                age(e.get("lastTimestamp") or e.get("eventTime"), now),
+                e.get("type"),
+                e.get("reason"),
+                e.get("message"),
             )
         parts.append(t)
     return Group(*parts)
@@ -243,7 +281,7 @@ def jobs_table(jobs: list[dict[str, Any]], *, all_namespaces: bool, now: datetim
             str(st.get("restarts", 0)),
             age(j["metadata"].get("creationTimestamp"), now),
         ]
-        t.add_row(*row)
+        _add(t, *row)
     return t
 
 
@@ -253,7 +291,7 @@ def final_line(job: dict[str, Any]) -> str:
     why, message = reason(st)
     name = job["metadata"]["name"]
     extra = f" ({progress_line(st.get('progress'))})" if st.get("progress") else ""
-    return f"{name}: {st.get('state')} — {why}: {message}{extra}"
+    return clean(f"{name}: {st.get('state')} — {why}: {message}{extra}")
 
 
 def effective_table(values: list[dict[str, str]], *, title: str, operator_known: bool = True) -> Table:
@@ -266,7 +304,7 @@ def effective_table(values: list[dict[str, str]], *, title: str, operator_known:
         value = v.get("value", "")
         if not operator_known and v.get("source", "").startswith("Helm value"):
             value = "(the operator's)"
-        t.add_row(v.get("field", ""), value, v.get("source", ""))
+        _add(t, v.get("field", ""), value, v.get("source", ""))
     return t
 
 
@@ -286,7 +324,8 @@ def runtimes_table(found: list[Any]) -> Table:
         t.add_column(col, overflow="fold")
     for r in found:
         limits = (r.template.get("resources") or {}).get("limits") or {}
-        t.add_row(
+        _add(
+            t,
             r.kind,
             r.name,
             "yes" if r.default else "",

@@ -230,3 +230,42 @@ def test_status_block_shows_an_elastic_jobs_size_and_batch() -> None:
     shown = text(render.status_block(out, [], [], now=NOW))
     assert "1 of 2 node(s) (min 1), accumulation 3, global batch 48 (asked 40); 1 resize(s) (last Shrunk)" in shown
     assert "Elastic" not in text(render.status_block(failed_job(), [], [], now=NOW))
+
+
+HOSTILE = "bad row [/INST] [bold]x \x1b]0;pwned\x07 \x1b[2J\r\x9b1m end"
+
+
+def test_text_a_job_wrote_is_printed_as_text_never_markup_or_terminal_control() -> None:
+    """Failure, condition and event messages come from what a job's own code wrote: a chat-template token such as
+    ``[/INST]`` is not rich markup (it raised MarkupError), and escape sequences never reach the terminal."""
+    j = failed_job()
+    j["status"]["failure"]["message"] = HOSTILE
+    j["status"]["conditions"][0]["message"] = HOSTILE
+    j["status"]["conditions"][0]["reason"] = "[red]Reason"
+    events = [{"type": "Warning", "reason": "TrainingError", "message": HOSTILE, "lastTimestamp": ts(NOW)}]
+    out = text(render.status_block(j, [], events, now=NOW))
+    assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out and "\r" not in out
+    assert out.count("bad row [/INST] [bold]x") == 3 and "[red]Reason" in out
+    j["status"] = {"state": "Failed", "failure": {"reason": "TrainingError", "message": HOSTILE}}
+    line = render.final_line(j)
+    assert "[/INST]" in line and not any(c in line for c in "\x1b\x07\x9b\r")
+    j["status"]["failure"]["reason"] = "Bad[/INST]\x1b[2J"
+    listed = text(render.jobs_table([j], all_namespaces=True, now=NOW))
+    assert "Bad[/INST]" in listed and "\x1b" not in listed
+
+
+def test_the_commands_print_cluster_text_without_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    """``finetune wait`` and ``submit --follow`` end with the job's final line, printed by the CLI's own consoles."""
+    j = failed_job()
+    j["status"] = {"state": "Failed", "failure": {"reason": "TrainingError", "message": HOSTILE}}
+
+    class Client:
+        def wait(self, name: str, *, for_: str, timeout: float) -> client.Job:
+            return client.Job(j)
+
+    console = Console(soft_wrap=True, markup=False, color_system=None)
+    ctx = jobctl.Context(Client(), console, console)  # type: ignore[arg-type]
+    code = jobctl.cmd_wait(ctx, argparse.Namespace(name="ft", for_="finished", timeout=1.0))
+    out = capsys.readouterr().out
+    assert code == jobctl.EXIT_FAILED
+    assert "bad row [/INST] [bold]x" in out and "\x1b" not in out
