@@ -467,6 +467,12 @@ class FineTuneClient:
         raw = self.kube.list_jobs(None if all_namespaces else self.namespace)
         return [Job(j) for j in sorted(raw, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"]))]
 
+    def first_jobs(self, limit: int, *, all_namespaces: bool = False) -> tuple[list[Job], int | None]:
+        """At most ``limit`` jobs (the first by namespace and name) in one request, and how many more there are (None:
+        unknown): what a page that refreshes every few seconds can afford with thousands of jobs."""
+        raw, more = self.kube.list_jobs_first(None if all_namespaces else self.namespace, limit)
+        return [Job(j) for j in sorted(raw, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"]))], more
+
     def pods(self, name: str, *, attempt: int | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
         """The job's pods (of one attempt, when given)."""
         pods = self.kube.list_pods(namespace or self.namespace, name)
@@ -570,17 +576,29 @@ class FineTuneClient:
     # -- logs --------------------------------------------------------------------------------------------------------
 
     def log_lines(
-        self, pod: str, *, follow: bool = False, tail: int | None = None, namespace: str | None = None
+        self,
+        pod: str,
+        *,
+        follow: bool = False,
+        tail: int | None = None,
+        namespace: str | None = None,
+        limit_bytes: int | None = None,
     ) -> Iterator[str]:
-        """A pod's trainer log, line by line (following it while it runs)."""
-        resp = self.kube.pod_log(namespace or self.namespace, pod, follow=follow, tail_lines=tail)
-        pending = b""
+        """A pod's trainer log, line by line (following it while it runs), at most ``limit_bytes`` of it. Linear in
+        the log's size: a chunk is split once, and a long line grows in place."""
+        resp = self.kube.pod_log(
+            namespace or self.namespace, pod, follow=follow, tail_lines=tail, limit_bytes=limit_bytes
+        )
+        pending = bytearray()
         try:
             for chunk in resp.stream(4096, decode_content=True):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    yield line.decode(errors="replace")
+                start = 0
+                while (end := chunk.find(b"\n", start)) != -1:
+                    pending += chunk[start:end]
+                    yield pending.decode(errors="replace")
+                    pending.clear()
+                    start = end + 1
+                pending += chunk[start:]
             if pending:
                 yield pending.decode(errors="replace")
         finally:

@@ -92,6 +92,10 @@ LIST_PAGE = 500  # FineTuneJobs per page of a list
 
 
 def _q(name: str) -> str:
+    """One path segment. ``.`` and ``..`` are refused: the HTTP client resolves dot segments before sending, so they
+    would leave the object's path (a namespaced read becoming a cluster-wide list)."""
+    if name in (".", ".."):
+        raise ValueError(f"{name!r} is not a Kubernetes name")
     return quote(name, safe="")
 
 
@@ -252,6 +256,19 @@ class Kube:
             token = str(meta.get("continue") or "")
             if not token:
                 return items, version
+
+    def list_jobs_first(self, namespace: str | None, limit: int) -> tuple[list[dict[str, Any]], int | None]:
+        """The first ``limit`` FineTuneJobs (of ``namespace``) by namespace and name, in one answer, and how many more
+        there are (None when the API server does not say)."""
+        body = self._read(_jobs(namespace), verb="list", query={"limit": str(limit)}, absent_ok=False) or {}
+        meta = body.get("metadata") or {}
+        more: int | None = 0
+        if meta.get("continue"):
+            try:
+                more = int(meta["remainingItemCount"])
+            except (KeyError, TypeError, ValueError):
+                more = None
+        return list(body.get("items", [])), more
 
     def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """kopf's peering object: KopfPeering in a namespace, or the ClusterKopfPeering."""
@@ -479,14 +496,25 @@ class Kube:
         items = list(body.get("items", []))
         return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
-    def pod_log(self, namespace: str, pod: str, *, follow: bool = False, tail_lines: int | None = None) -> Any:
-        """The trainer container's log as a stream of byte chunks (``kubectl logs [-f]``). With ``follow`` it ends
-        when the container ends; the caller closes it (``.release_conn()``) when it stops reading early."""
+    def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        follow: bool = False,
+        tail_lines: int | None = None,
+        limit_bytes: int | None = None,
+    ) -> Any:
+        """The trainer container's log as a stream of byte chunks (``kubectl logs [-f]``), at most ``limit_bytes``
+        (the kubelet cuts it). With ``follow`` it ends when the container ends; the caller closes it
+        (``.release_conn()``) when it stops reading early."""
         query = {"container": "trainer"}
         if follow:
             query["follow"] = "true"
         if tail_lines is not None:
             query["tailLines"] = str(tail_lines)
+        if limit_bytes is not None:
+            query["limitBytes"] = str(limit_bytes)
         # no read timeout when following: a quiet trainer (a long evaluation) is not a dead connection
         resp = self._request(
             "get", "GET", _core(namespace, "pods", pod) + "/log", query=query, timeout=(5, None) if follow else TIMEOUT

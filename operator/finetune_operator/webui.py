@@ -9,22 +9,30 @@ ship in the package (``ui_static/``): nothing is fetched from the internet, and 
 is the only server-side dependency. Read only: the page changes nothing.
 
 The views are pure functions of the API objects (:func:`job_row`, :func:`job_detail`), tested without a server; the
-handler only routes. It answers only requests whose Host header is this machine's (no DNS rebinding of the
-user's credentials to another site).
+handler only routes. On a loopback address it answers only requests whose Host header is this machine's (no DNS
+rebinding of the user's credentials to another site); on an address other machines reach (``--address 0.0.0.0``),
+where any client may send any Host, only requests carrying the random token of the URL it printed. The jobs page
+reads at most ``JOBS_SHOWN`` jobs per list and rank 0's log tail at most ``LOG_TAIL_BYTES``, and the page asks again
+only after an answer: a tenant's huge log line or thousands of jobs never pin the viewer's machine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hmac
+import ipaddress
 import json
 import logging
 import re
+import secrets
 import threading
 from datetime import UTC, datetime
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 from finetune_operator import render
 from finetune_operator.client import FineTuneClient, Job, UserError
@@ -35,10 +43,16 @@ log = logging.getLogger(__name__)
 
 STATIC = {"app.js": "text/javascript", "chart.js": "text/javascript", "style.css": "text/css"}
 LOG_TAIL_LINES = 60
+JOBS_SHOWN = 500  # rows of the jobs page per list: one request each, refreshed every 5 s
 # Scripts, styles and data only from this server: a log line or an event message can never run as script.
 CSP = "default-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
-_JOB_PATH = re.compile(r"^/api/jobs/([a-z0-9.-]+)/([a-z0-9.-]+)$")
-_PAGE_PATH = re.compile(r"^/(jobs/[a-z0-9.-]+/[a-z0-9.-]+)?$")
+# A namespace is a DNS-1123 label, a job name a DNS-1123 subdomain: never "." or "..", which the HTTP client would
+# resolve as path segments (a job's read becoming a cluster-wide list).
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = rf"{_LABEL}(?:\.{_LABEL})*"
+_JOB_PATH = re.compile(rf"^/api/jobs/({_LABEL})/({_SUBDOMAIN})$")
+_PAGE_PATH = re.compile(rf"^/(jobs/{_LABEL}/{_SUBDOMAIN})?$")
+LOG_TAIL_BYTES = 64 * 1024  # the kubelet cuts rank 0's tail here: one huge line costs no more
 
 
 def job_row(job: Job, now: datetime) -> dict[str, Any]:
@@ -119,10 +133,14 @@ class Views:
         self.namespaces = namespaces or (client.namespace,)
 
     def jobs(self) -> dict[str, Any]:
+        """The jobs page: at most JOBS_SHOWN jobs per list, in one request each (a refresh never reads thousands of
+        jobs, each with its history), and a note saying how many more there are."""
         now = datetime.now(UTC)
         notes: list[str] = []
+        more: list[int | None] = []
         try:
-            jobs = self.client.list_jobs(all_namespaces=True)
+            jobs, left = self.client.first_jobs(JOBS_SHOWN, all_namespaces=True)
+            more.append(left)
             scope = "all namespaces"
         except ApiError as e:
             if e.code != 403:
@@ -130,7 +148,9 @@ class Views:
             jobs, readable = [], []
             for ns in self.namespaces:
                 try:
-                    jobs += FineTuneClient(ns, kube=self.client.kube).list_jobs()
+                    found, left = FineTuneClient(ns, kube=self.client.kube).first_jobs(JOBS_SHOWN)
+                    jobs += found
+                    more.append(left)
                     readable.append(ns)
                 except ApiError as ns_error:
                     if ns_error.code != 403:
@@ -138,6 +158,12 @@ class Views:
                     notes.append(f"namespace {ns}: not allowed to list FineTuneJobs")
             scope = "namespace " + ", ".join(readable) if readable else "no namespace"
             notes.insert(0, "listing FineTuneJobs in every namespace is not allowed: showing " + scope)
+        if any(m != 0 for m in more):
+            count = "more" if None in more else f"{sum(m or 0 for m in more)} more"
+            notes.append(
+                f"showing the first {JOBS_SHOWN} FineTuneJobs by namespace and name ({count} not shown): open one at "
+                "/jobs/<namespace>/<name>, or use finetune list"
+            )
         return {"scope": scope, "notes": notes, "jobs": [job_row(j, now) for j in jobs]}
 
     def job(self, namespace: str, name: str) -> dict[str, Any]:
@@ -147,7 +173,7 @@ class Views:
         note = ""
         try:
             pods = ns_client.rank_pods(name, ranks=[0], job=job)
-            lines = list(ns_client.log_lines(pods[0], tail=LOG_TAIL_LINES))
+            lines = list(ns_client.log_lines(pods[0], tail=LOG_TAIL_LINES, limit_bytes=LOG_TAIL_BYTES))
             note = f"the last {LOG_TAIL_LINES} lines of {pods[0]} (attempt {job.attempt}, rank 0)"
         except UserError as e:
             note = str(e)
@@ -160,32 +186,71 @@ def _static(name: str) -> bytes:
     return resources.files("finetune_operator").joinpath("ui_static", name).read_bytes()
 
 
-def make_handler(views: Views, allowed_hosts: set[str]) -> type[BaseHTTPRequestHandler]:
+TOKEN_COOKIE = "finetune_ui_token"
+
+
+def _loopback(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address == "localhost"
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def make_handler(views: Views, allowed_hosts: set[str], token: str | None = None) -> type[BaseHTTPRequestHandler]:
+    """``token`` None (a loopback address): only requests whose Host is this machine's (no DNS rebinding). Otherwise
+    (``--address`` reachable from other machines, where any client may send any Host) every request must carry the
+    token: in the URL the command printed (``?token=``, kept as an HttpOnly, SameSite=Strict cookie for the page's own
+    requests) or in that cookie."""
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "finetune-ui"
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
+        def _send(self, status: int, body: bytes, content_type: str, cookie: str | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
             self.send_header("Content-Security-Policy", CSP)
+            if cookie:
+                self.send_header("Set-Cookie", cookie)
             self.end_headers()
             self.wfile.write(body)
 
         def _json(self, status: int, obj: Any) -> None:
             self._send(status, json.dumps(obj).encode(), "application/json")
 
+        def _allowed(self, query: str) -> tuple[bool, str | None]:
+            """Whether to answer, and the cookie to set (the token arrived in the URL)."""
+            if token is None:
+                host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
+                return host in allowed_hosts, None
+            given = (parse_qs(query).get("token") or [""])[0]
+            if given and hmac.compare_digest(given.encode(), token.encode()):
+                return True, f"{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
+            jar = SimpleCookie()
+            with contextlib.suppress(CookieError):
+                jar.load(self.headers.get("Cookie") or "")
+            held = jar[TOKEN_COOKIE].value if TOKEN_COOKIE in jar else ""
+            return bool(held) and hmac.compare_digest(held.encode(), token.encode()), None
+
         def do_GET(self) -> None:
-            host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
-            if host not in allowed_hosts:
-                self._send(HTTPStatus.FORBIDDEN, b"finetune ui answers only on this machine's address\n", "text/plain")
+            raw_path, _, query = self.path.partition("?")
+            allowed, cookie = self._allowed(query)
+            if not allowed:
+                why = (
+                    b"finetune ui answers only on this machine's address\n"
+                    if token is None
+                    else b"finetune ui: open the URL it printed, with its token\n"
+                )
+                self._send(HTTPStatus.FORBIDDEN, why, "text/plain")
                 return
-            path = unquote(self.path.split("?", 1)[0])
+            path = unquote(raw_path)
             try:
                 if path == "/api/jobs":
                     self._json(HTTPStatus.OK, views.jobs())
@@ -195,7 +260,7 @@ def make_handler(views: Views, allowed_hosts: set[str]) -> type[BaseHTTPRequestH
                     name = path.removeprefix("/static/")
                     self._send(HTTPStatus.OK, _static(name), STATIC[name] + "; charset=utf-8")
                 elif _PAGE_PATH.match(path):
-                    self._send(HTTPStatus.OK, _static("index.html"), "text/html; charset=utf-8")
+                    self._send(HTTPStatus.OK, _static("index.html"), "text/html; charset=utf-8", cookie)
                 else:
                     self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
             except UserError as e:
@@ -211,10 +276,12 @@ class UiServer:
 
     def __init__(self, views: Views, *, address: str = "127.0.0.1", port: int = 8080) -> None:
         allowed = {"localhost", "127.0.0.1", "::1", address}
-        self.httpd = ThreadingHTTPServer((address, port), make_handler(views, allowed))
+        # Reachable from other machines: the Host check protects nothing there, a token in the printed URL does.
+        self.token = None if _loopback(address) else secrets.token_urlsafe(24)
+        self.httpd = ThreadingHTTPServer((address, port), make_handler(views, allowed, self.token))
         self.httpd.daemon_threads = True
         host = f"[{address}]" if ":" in address else address
-        self.url = f"http://{host}:{self.httpd.server_address[1]}/"
+        self.url = f"http://{host}:{self.httpd.server_address[1]}/" + (f"?token={self.token}" if self.token else "")
         self._thread: threading.Thread | None = None
 
     def start(self) -> UiServer:

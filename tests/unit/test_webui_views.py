@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from finetune_operator import client
+from finetune_operator import client, k8s, webui
 from finetune_operator.client import Job
 from finetune_operator.webui import attempt_marks, job_detail, job_row
 
@@ -97,3 +100,107 @@ def test_the_client_imports_without_kopf() -> None:
     code = "import sys; sys.modules['kopf'] = None\nimport finetune_operator.client, finetune_operator.webui\n"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+class _Stream:
+    """A pod log answer as the API client gives it: byte chunks, then release_conn()."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks, self.released = chunks, False
+
+    def stream(self, amt: int, decode_content: bool = True) -> Any:
+        yield from self.chunks
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+class _Kube:
+    """Stands in for finetune_operator.k8s.Kube (no API server in the unit tier): records what was asked."""
+
+    def __init__(self, jobs: int = 0, log: list[bytes] | None = None) -> None:
+        self.jobs, self.log, self.asked = jobs, log or [], []
+
+    def list_jobs_first(self, namespace: str | None, limit: int) -> tuple[list[dict], int | None]:
+        self.asked.append(("list", namespace, limit))
+        shown = min(limit, self.jobs)
+        return [_job().raw | {"metadata": {**_job().raw["metadata"], "name": f"j{i:05d}"}} for i in range(shown)], (
+            self.jobs - shown
+        )
+
+    def pod_log(self, namespace: str, pod: str, **kw: Any) -> _Stream:
+        self.asked.append(("log", pod, kw))
+        return _Stream(self.log)
+
+
+def test_log_lines_split_each_chunk_once_whatever_the_line_lengths() -> None:
+    """A 16 MiB line without a newline arrives in 4 KiB chunks: one line, built in place (the old loop re-split the
+    whole buffer on every chunk: quadratic); newlines at chunk edges and across chunks come out right."""
+    big = [b"x" * 4096] * 4096
+    kube = _Kube(log=[b"a\nb", b"c\n", b"\n", b"d", *big, b"\ne"])
+    lines = list(client.FineTuneClient("team", kube=kube).log_lines("p", tail=5))  # type: ignore[arg-type]
+    assert [len(line) for line in lines] == [1, 2, 0, 1 + 16 * 2**20, 1]
+    assert lines[:3] == ["a", "bc", ""] and lines[-1] == "e"
+
+
+def test_the_job_page_asks_for_a_bounded_log_tail_and_the_jobs_page_for_one_bounded_list() -> None:
+    """Rank 0's tail is asked with limitBytes (the kubelet cuts a huge line), and with 5,000 jobs the jobs page reads
+    JOBS_SHOWN of them in one request and says how many more there are."""
+    kube = _Kube(jobs=5000, log=[b"line\n"])
+    views = webui.Views(client.FineTuneClient("team", kube=kube))  # type: ignore[arg-type]
+    page = views.jobs()
+    assert kube.asked == [("list", None, webui.JOBS_SHOWN)]
+    assert len(page["jobs"]) == webui.JOBS_SHOWN and "4500 more" in page["notes"][-1]
+    c = client.FineTuneClient("team", kube=kube)  # type: ignore[arg-type]
+    assert list(c.log_lines("p", tail=webui.LOG_TAIL_LINES, limit_bytes=webui.LOG_TAIL_BYTES)) == ["line"]
+    assert kube.asked[-1] == ("log", "p", {"follow": False, "tail_lines": 60, "limit_bytes": 64 * 1024})
+
+
+def test_dot_segments_are_never_a_namespace_or_a_name() -> None:
+    """The HTTP client resolves ``.`` and ``..`` before sending: /api/jobs/../.. would read the API group's discovery
+    document, and a job's pods and events would become cluster-wide lists."""
+    for path in ("/api/jobs/../..", "/api/jobs/../x", "/api/jobs/ns/..", "/api/jobs/./x", "/api/jobs/ns/.x"):
+        assert webui._JOB_PATH.match(path) is None, path
+    assert webui._JOB_PATH.match("/api/jobs/team/llama-3.1-sft").groups() == ("team", "llama-3.1-sft")
+    assert webui._PAGE_PATH.match("/jobs/../..") is None
+    for bad in (".", ".."):
+        with pytest.raises(ValueError):
+            k8s._q(bad)
+
+
+class _Views:
+    def jobs(self) -> dict[str, Any]:
+        return {"scope": "s", "notes": [], "jobs": []}
+
+
+def _get(url: str, cookie: str | None = None) -> tuple[int, dict[str, str]]:
+    req = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers)
+
+
+def test_an_address_other_machines_reach_needs_the_token_of_the_printed_url() -> None:
+    """Bound to 0.0.0.0 any client may send ``Host: localhost``: without the token, 403; the printed URL's token
+    opens the page and sets an HttpOnly, SameSite=Strict cookie that the page's own requests carry."""
+    server = webui.UiServer(_Views(), address="0.0.0.0", port=0).start()  # type: ignore[arg-type]
+    try:
+        port = server.httpd.server_address[1]
+        base = f"http://127.0.0.1:{port}"
+        assert server.token and server.url.endswith(f"/?token={server.token}")
+        assert _get(f"{base}/api/jobs")[0] == 403
+        assert _get(f"{base}/?token=wrong")[0] == 403
+        assert _get(f"{base}/api/jobs", cookie=f"{webui.TOKEN_COOKIE}=wrong")[0] == 403
+        status, headers = _get(f"{base}/?token={server.token}")
+        assert status == 200 and "HttpOnly" in headers["Set-Cookie"] and "SameSite=Strict" in headers["Set-Cookie"]
+        assert _get(f"{base}/api/jobs", cookie=headers["Set-Cookie"].split(";")[0])[0] == 200
+    finally:
+        server.stop()
+    local = webui.UiServer(_Views(), address="127.0.0.1", port=0).start()  # type: ignore[arg-type]
+    try:
+        assert local.token is None and "token" not in local.url
+        assert _get(f"{local.url}api/jobs")[0] == 200  # the loopback bind: the Host check, as before
+    finally:
+        local.stop()

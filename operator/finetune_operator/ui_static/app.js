@@ -128,9 +128,9 @@
   function route() {
     const m = location.pathname.match(/^\/jobs\/([^/]+)\/([^/]+)$/);
     const page = m ? () => jobPage(decodeURIComponent(m[1]), decodeURIComponent(m[2])) : jobsPage;
-    const tick = () => page().catch(failed);
+    // the next refresh is due REFRESH_MS after this one answered: slow answers never pile up
+    const tick = () => page().catch(failed).finally(() => setTimeout(tick, REFRESH_MS));
     tick();
-    setInterval(tick, REFRESH_MS);
   }
 
   route();
