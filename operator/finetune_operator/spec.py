@@ -55,7 +55,9 @@ GPU_VISIBILITY_ENV = frozenset(
     }
 )
 # Env that loads code from outside the image (the dynamic linker, Python, CUDA and NCCL plugins, PATH for the
-# trainer's own command); refused where the platform restricts images (guardrails).
+# trainer's own command), or points a cache whose contents run as code at a tenant's volume (NCCL's config file, which
+# may name a plugin; Python's bytecode cache; Triton's compiled launchers, under $HOME/.triton unless set; Inductor's
+# generated code; torch's built extensions and hub code); refused where the platform restricts images (guardrails).
 CODE_LOADING_ENV = frozenset(
     {
         "PATH",
@@ -67,10 +69,19 @@ CODE_LOADING_ENV = frozenset(
         "PYTHONHOME",
         "PYTHONSTARTUP",
         "PYTHONUSERBASE",
+        "PYTHONPYCACHEPREFIX",
         "CUDA_INJECTION64_PATH",
         "NCCL_NET_PLUGIN",
         "NCCL_TUNER_PLUGIN",
         "NCCL_PROFILER_PLUGIN",
+        "NCCL_CONF_FILE",
+        "HOME",
+        "XDG_CACHE_HOME",
+        "TRITON_HOME",
+        "TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TORCH_EXTENSIONS_DIR",
+        "TORCH_HOME",
     }
 )
 KUEUE_PREFIX = "kueue.x-k8s.io/"

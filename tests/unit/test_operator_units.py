@@ -1288,3 +1288,24 @@ def test_the_backstop_loop_never_waits_on_a_peering_read() -> None:
     assert gate() is False and gate() is False  # the read hangs; the loop is answered
     release.set()
     wait_for(lambda: gate() is True, timeout=10, what="the answer of the read that returned")  # its own live entry
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NCCL_CONF_FILE", "HOME", "XDG_CACHE_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+     "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "PYTHONPYCACHEPREFIX"],
+)  # fmt: skip
+def test_env_that_points_code_caches_at_a_tenant_volume_is_refused_where_images_are_pinned(name: str) -> None:
+    """NCCL reads its settings (a plugin among them) from NCCL_CONF_FILE; Triton loads compiled launchers from its
+    cache ($HOME/.triton unless set), Inductor runs its cached generated code, torch loads built extensions and hub
+    code, and Python runs cached bytecode: each pointed at a volume the tenant writes runs the tenant's code in an
+    allowed image. Without pinned images the same env is the job's own business."""
+    over = {
+        "env": [{"name": name, "value": "/data/planted"}],
+        "podTemplate": {"volumes": [{"name": "d", "mountPath": "/data", "emptyDir": {}}]},
+    }
+    plan = decided(job(**over), [], settings=PINNED)
+    assert plan.status.state == "Failed" and plan.create == []
+    assert plan.status.failure is not None and plan.status.failure.reason == "InvalidSpec"
+    assert f"spec.env[0].name: {name} would load code from outside the image" in plan.status.failure.message
+    assert decided(job(**over), [], settings=Settings()).status.state == "Created"
