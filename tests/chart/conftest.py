@@ -60,11 +60,16 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "labels": {"release": "kube-prometheus-stack"},
             "alertLabels": {"team": "ml-platform"},
         },
+        # a PodMonitor needs Prometheus admitted on the trainers' metrics port
+        "trainerNetworkPolicy": {
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        },
         "dashboard": {"enabled": True, "annotations": {"grafana_folder": "Training"}},
     },
     "namespaced": {
         "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
         "metrics": {"podMonitor": {"enabled": True}},
+        "trainerNetworkPolicy": {"metricsFrom": [{"namespaceSelector": {}}]},  # every namespace, as the field says
         "trainer": {
             "image": {"repository": "registry.example.com/ml/trainer", "tag": "1.2.3", "pullPolicy": "Always"},
             "ortImage": {"repository": "registry.example.com/ml/trainer-ort", "tag": "1.2.3-ort"},
@@ -117,6 +122,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "networkPolicy": {
             "enabled": True,
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        },
+        "trainerNetworkPolicy": {
             "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
         },
         "metrics": {

@@ -559,6 +559,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
         up = {
             "replicaCount": 2,
             "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+            "trainerNetworkPolicy": {"metricsFrom": [{"namespaceSelector": {}}]},
             "prometheusRule": {"enabled": True},
             "dashboard": {"enabled": True},
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -72,6 +73,7 @@ def test_no_stale_snapshots() -> None:
         ({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}}, "needs metrics.enabled"),
         ({"prometheusRule": {"alerts": {"restartLoop": {"window": "half an hour"}}}}, "does not match pattern"),
         ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
+        ({"metrics": {"podMonitor": {"enabled": True}}}, "set trainerNetworkPolicy.metricsFrom to your Prometheus"),
     ],
     ids=[
         "unknown-root-key",
@@ -82,6 +84,7 @@ def test_no_stale_snapshots() -> None:
         "servicemonitor-without-metrics",
         "bad-duration",
         "sa-without-name",
+        "podmonitor-without-metrics-peers",
     ],
 )
 def test_rejects_bad_values(helm: Helm, values: dict[str, Any], message: str, tmp_path: Path) -> None:
@@ -233,6 +236,22 @@ def test_operator_env_and_args(helm: Helm) -> None:
     assert env["FINETUNE_METRICS_PORT"] == "0" and env["FINETUNE_HEALTH_PORT"] == "0"
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert env["FINETUNE_ORT_IMAGE"] == f"ghcr.io/finetune-operator/trainer-ort:{version}"
+
+
+def test_trainer_metrics_are_the_operators_unless_more_peers_are_named(helm: Helm) -> None:
+    """With metricsFrom empty, only the operator's own pods reach a trainer's metrics port: no other tenant's pod
+    reads a job's loss and names; named peers come in addition to the operator."""
+    dep = one(helm.render(VALUE_SETS["default"]), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    (operator_pods,) = json.loads(env["FINETUNE_NETWORK_POLICY_METRICS_FROM"])
+    assert operator_pods["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "finetune-system"}}
+    selector = operator_pods["podSelector"]["matchLabels"]
+    assert selector and selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    dep = one(helm.render(VALUE_SETS["namespaced"]), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    peers = json.loads({e["name"]: e.get("value") for e in c["env"]}["FINETUNE_NETWORK_POLICY_METRICS_FROM"])
+    assert peers == [{"namespaceSelector": {}}, operator_pods | {"namespaceSelector": peers[1]["namespaceSelector"]}]
 
 
 def test_names_are_truncated(helm: Helm) -> None:

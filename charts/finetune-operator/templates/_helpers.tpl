@@ -179,15 +179,16 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 {{- end }}
 {{- end }}
 
-{{/* The trainer NetworkPolicy's peers for the metrics port, as JSON: metricsFrom plus the operator's own pods (its
-progress scrape), or [] (from anywhere) when metricsFrom is empty. */}}
+{{/* The trainer NetworkPolicy's peers for the metrics port, as JSON: the operator's own pods (its progress scrape)
+and metricsFrom. Empty metricsFrom: the operator only (a tenant's pod reads no other job's loss or names); a
+PodMonitor then needs metricsFrom to name Prometheus, and the chart says so. */}}
 {{- define "finetune-operator.metricsFrom" -}}
 {{- $peers := .Values.trainerNetworkPolicy.metricsFrom }}
-{{- if $peers }}
-{{- $self := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "finetune-operator.selectorLabels" . | fromYaml)) }}
-{{- $peers = append $peers $self }}
+{{- if and .Values.metrics.podMonitor.enabled .Values.trainerNetworkPolicy.enabled (not $peers) }}
+{{- fail "metrics.podMonitor.enabled: the trainer pods' NetworkPolicy admits only the operator on the metrics port; set trainerNetworkPolicy.metricsFrom to your Prometheus' namespace (e.g. [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]), or to [{namespaceSelector: {}}] for every namespace" }}
 {{- end }}
-{{- toJson $peers }}
+{{- $self := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "finetune-operator.selectorLabels" . | fromYaml)) }}
+{{- toJson (append $peers $self) }}
 {{- end -}}
 
 {{/* Cluster-wide runtimes: read when an attempt starts, never written. */}}
