@@ -29,16 +29,20 @@ OUT = ROOT / "operator" / "finetune_operator" / "training_args.json"
 
 
 def _json_types(tp: Any) -> tuple[set[str], list[str]]:
-    """(JSON types a value of annotation ``tp`` may have, enum values when every non-null choice is an enum)."""
+    """(JSON types a value of annotation ``tp`` may have, enum values when every non-null choice is an enum, or an
+    enum and plain ``str``: ``SchedulerType | str`` accepts the enum's values as strings, and the arguments' own
+    ``__post_init__`` converts the string to the enum, refusing any other)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         kinds: set[str] = set()
         values: list[str] = []
         only_enums = True
-        for arg in typing.get_args(tp):
+        args = typing.get_args(tp)
+        has_enum = any(isinstance(a, type) and issubclass(a, enum.Enum) for a in args)
+        for arg in args:
             k, v = _json_types(arg)
             kinds |= k
-            if arg is type(None):
+            if arg is type(None) or (arg is str and has_enum):
                 continue
             if v:
                 values += v
@@ -81,6 +85,10 @@ def emit(stack: str) -> dict[str, Any]:
 
         cls = TrainingArguments
     fields = _fields(cls)
+    if "torch_compile_mode" in fields:  # a plain string for transformers; torch.compile refuses any other mode
+        import torch._inductor
+
+        fields["torch_compile_mode"]["enum"] = sorted(torch._inductor.list_mode_options())
     from transformers.integrations import get_available_reporting_integrations
 
     table = {
@@ -108,6 +116,9 @@ def _fields(cls: type) -> dict[str, Any]:
         if not f.init or f.name.startswith("_"):
             continue
         kinds, values = _json_types(hints.get(f.name, Any))
+        choices = (f.metadata or {}).get("choices")
+        if not values and choices and kinds <= {"string", "null"}:  # a str field that names its choices (log_level)
+            values = [str(c) for c in choices]
         entry: dict[str, Any] = {"type": sorted(kinds)}
         if values:
             entry["enum"] = sorted(set(values))

@@ -1045,7 +1045,11 @@ def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
             )
             continue
         if known.get("enum") and isinstance(value, str) and value not in known["enum"]:
-            errors.add(field_path, f"{value!r} is not one of {', '.join(known['enum'])}")
+            close = difflib.get_close_matches(value, known["enum"], n=2, cutoff=0.6)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            errors.add(
+                field_path, f"{value!r} is not a value {image} accepts{hint}; one of: {', '.join(known['enum'])}"
+            )
         if key == "deepspeed" and value is not None and not stack["deepspeed"]:
             errors.add(
                 field_path,
