@@ -28,6 +28,9 @@ GAUGES = {
     "finetune_time_to_first_step_seconds": "time_to_first_step_seconds",
     "finetune_train_warmup_seconds": "warmup_seconds",
     "finetune_rendezvous_duration_seconds": "rendezvous_seconds",
+    "finetune_startup_launcher_seconds": "launcher_seconds",
+    "finetune_startup_data_seconds": "data_seconds",
+    "finetune_startup_model_seconds": "model_seconds",
     "finetune_eval_loss": "eval_loss",
     "finetune_eval_perplexity": "eval_perplexity",
     "finetune_eval_accuracy": "eval_accuracy",
@@ -36,7 +39,14 @@ GAUGES = {
     "finetune_train_reward_margin": "reward_margin",
 }
 # 0 until the trainer knows them: left out until then
-SET_ONCE = {"time_to_first_step_seconds", "warmup_seconds", "rendezvous_seconds"}
+SET_ONCE = {
+    "time_to_first_step_seconds",
+    "warmup_seconds",
+    "rendezvous_seconds",
+    "launcher_seconds",
+    "data_seconds",
+    "model_seconds",
+}
 INTEGER_FIELDS = {"step", "total_steps", "eta_seconds", "last_checkpoint_step"}
 PER_NODE_RATES = {"samples_per_second", "tokens_per_second"}
 

@@ -88,6 +88,9 @@ class Progress:
     time_to_first_step_seconds: float | None = None
     warmup_seconds: float | None = None
     rendezvous_seconds: float | None = None
+    launcher_seconds: float | None = None  # the start-up's parts (result.json's startup), the current attempt's
+    data_seconds: float | None = None
+    model_seconds: float | None = None
     update_time: datetime | None = None
 
     def to_wire(self) -> dict[str, Any]:

@@ -57,6 +57,9 @@ TRAINER_GAUGES = {
     "finetune_train_reward_accuracy",
     "finetune_train_reward_margin",
     "finetune_rendezvous_duration_seconds",
+    "finetune_startup_launcher_seconds",
+    "finetune_startup_data_seconds",
+    "finetune_startup_model_seconds",
     "finetune_attempt",
 }
 TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}

@@ -148,6 +148,9 @@ def test_metrics_scraped_during_run_are_prometheus_text(eager_run: dict) -> None
     assert value["finetune_train_samples_total"] >= 2 * 16
     assert value["finetune_train_tokens_total"] > value["finetune_train_samples_total"]
     assert value["finetune_rendezvous_duration_seconds"] > 0
+    # the start-up's parts, as result.json's startup has them
+    assert value["finetune_startup_launcher_seconds"] > 0 and value["finetune_startup_model_seconds"] > 0
+    assert value["finetune_startup_data_seconds"] > 0
     assert value["finetune_time_to_first_step_seconds"] > 0
     assert math.isnan(value["finetune_train_mfu_ratio"])  # CPU: no peak FLOPs, documented as NaN
     assert math.isnan(value["finetune_train_mfu"])  # the deprecated name, the same value

@@ -1142,6 +1142,13 @@ def test_time_to_first_step_warmup_and_rendezvous_reach_progress() -> None:
     p = parse_metrics(generate_latest(m.registry).decode(), nodes=1)
     assert p is not None
     assert (p.time_to_first_step_seconds, p.warmup_seconds, p.rendezvous_seconds) == (41.5, 38.0, 3.25)
+    assert (p.launcher_seconds, p.data_seconds, p.model_seconds) == (None,) * 3  # 0 until the trainer knows them
+    m.startup_launcher.set(2.5)
+    m.startup_data.set(0.125)
+    m.startup_model.set(0.03)
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)  # a start-up part is not a rate: not scaled
+    assert p is not None and (p.launcher_seconds, p.data_seconds, p.model_seconds) == (2.5, 0.125, 0.03)
+    assert {"launcherSeconds": 2.5, "dataSeconds": 0.125, "modelSeconds": 0.03}.items() <= p.to_wire().items()
     assert (p.eval_loss, p.eval_perplexity, p.eval_accuracy, p.eval_f1) == (None,) * 4  # NaN until an evaluation ran
     m.eval_loss.set(0.61234)
     m.eval_accuracy.set(0.75)

@@ -269,3 +269,24 @@ def test_the_commands_print_cluster_text_without_markup(capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert code == jobctl.EXIT_FAILED
     assert "bad row [/INST] [bold]x" in out and "\x1b" not in out
+
+
+def test_the_status_says_where_the_start_up_went() -> None:
+    """The start-up's parts from status.progress (the trainer's result.json startup, through its metrics)."""
+    j = failed_job()
+    j["status"]["progress"] = {
+        "timeToFirstStepSeconds": 9.504,
+        "rendezvousSeconds": 8.937,
+        "launcherSeconds": 7.671,
+        "dataSeconds": 0.117,
+        "modelSeconds": 0.029,
+        "warmupSeconds": 0.0676,
+    }
+    out = text(render.status_block(j, [], [], now=NOW))
+    assert (
+        "Start-up  9.5s to the first step: launcher 7.67s, process group 1.27s, data 0.117s, model 0.029s, "
+        "first step 0.0676s" in out
+    )
+    assert render.startup_line({}) == "" and render.startup_line({"timeToFirstStepSeconds": 3.0}) == (
+        "3s to the first step"
+    )

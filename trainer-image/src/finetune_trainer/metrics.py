@@ -144,6 +144,13 @@ class TrainerMetrics:
         self.rendezvous_duration = gauge(
             "finetune_rendezvous_duration_seconds", "Seconds from launcher start until the process group was formed"
         )
+        # result.json's startup parts: the launcher's own work (validation, cache, preflight; with the agent, the wait
+        # for its imports), building the datasets, building or loading the model
+        self.startup_launcher = gauge(
+            "finetune_startup_launcher_seconds", "Seconds from launcher start until it started the training workers"
+        )
+        self.startup_data = gauge("finetune_startup_data_seconds", "Seconds spent building the datasets at start-up")
+        self.startup_model = gauge("finetune_startup_model_seconds", "Seconds spent building or loading the model")
         self.attempt = gauge("finetune_attempt", "Attempt number of this run (FINETUNE_ATTEMPT)")
         self.eval_loss = gauge("finetune_eval_loss", "Loss on the evaluation split at the last evaluation")
         self.eval_perplexity = gauge("finetune_eval_perplexity", "exp(eval loss) at the last evaluation (causal-lm)")

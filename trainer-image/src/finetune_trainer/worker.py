@@ -554,6 +554,7 @@ def set_up(config: Config, ident: Identity, launch_time: float) -> Setup:
 
     metrics = TrainerMetrics(namespace=config.job.namespace, job=config.job.name, node_rank=ident.node_rank)
     metrics.rendezvous_duration.set(rendezvous_s)
+    metrics.startup_launcher.set(phases["launcher_seconds"])
     metrics.attempt.set(ident.attempt)
     if ident.local_rank == 0:
         metrics.serve(config.metrics_port)
@@ -605,6 +606,7 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
     if len(prepared[0]) == 0:
         raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
     setup.phases["data_seconds"] = time.time() - launch_time - sum(setup.phases.values())
+    setup.metrics.startup_data.set(setup.phases["data_seconds"])
     return Data(prepared[0], prepared[1] if evaluate else None, sft, labels, mean_tokens[0], preference)
 
 
@@ -616,6 +618,7 @@ def load_the_model(
     model = load_model(config, setup.backend, tokenizer, ds.labels, device=device, precision=setup.precision)
     params = sum(p.numel() for p in model.parameters())
     setup.phases["model_seconds"] = time.time() - launch_time - sum(setup.phases.values())
+    setup.metrics.startup_model.set(setup.phases["model_seconds"])
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     setup.kernels, setup.kernels_why = accel.explain_kernels(
         config.training.kernels, setup.hardware, model_type, task=config.task
