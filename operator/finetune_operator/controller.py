@@ -29,7 +29,7 @@ from finetune_operator.reconcile import Event, Plan, create_rejected, decide, na
 from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
 from finetune_operator.spec import SpecError
-from finetune_operator.state import Job, PodState, node_down, node_lost, read_job, read_pods
+from finetune_operator.state import Gang, Job, PodState, node_down, node_lost, read_job, read_pods
 from finetune_operator.status import PENDING, RUNNING, STATES, TERMINAL, Progress
 from finetune_operator.store import Store
 
@@ -199,7 +199,14 @@ class Controller:
 
     def _pass(self, key: Key, job: Job) -> Plan | None:
         status = job.status
-        admitting = status.state not in TERMINAL and status.attempt_start_time is None
+        pods = self._pods(key)
+        now = self.clock()  # one instant for the choice below and the decision: a retry time cannot pass between
+        # The reads before an attempt starts (its runtime, claims, the namespace's use) only for a pass that may start
+        # one: not while the job waits out a quota retry or for an earlier attempt's pods to go, which it may do for
+        # minutes, a pass every few seconds each (two runtime LISTs and a claim GET a pass, for every waiting job).
+        admitting = (
+            status.state not in TERMINAL and status.attempt_start_time is None and self._may_start(job, pods, now)
+        )
         if admitting and (self.settings.max_nodes_per_namespace or self.settings.max_gpus_per_namespace):
             # Admission against namespace totals: one job of a namespace at a time, so two jobs cannot both
             # take the last GPUs (the first one's status write is visible to the second one's list). A pass never
@@ -209,10 +216,19 @@ class Controller:
                 self.requeue(key, NS_BUSY_RETRY)
                 return None
             try:
-                return self._act(key, job, self._observe(job, usage=True))
+                return self._act(key, job, self._observe(job, usage=True), pods, now)
             finally:
                 ns_lock.release()
-        return self._act(key, job, self._observe(job, usage=False) if admitting else Observed())
+        return self._act(key, job, self._observe(job, usage=False) if admitting else Observed(), pods, now)
+
+    def _may_start(self, job: Job, pods: list[PodState], now: datetime) -> bool:
+        """Whether a pass at ``now`` could start the job's next attempt (reconcile's order): no quota retry pending, no
+        pod of an earlier attempt (nor a placeholder) left to go."""
+        retry = job.status.admission_retry_time
+        if retry is not None and now < retry:
+            return False
+        gang = Gang.of(pods, uid=job.ref.uid, attempt=job.status.attempt)
+        return not (gang.stale or gang.placeholders)
 
     def _observe(self, job: Job, *, usage: bool) -> Observed:
         """Reads for the checks before an attempt starts: the claims the job mounts, the namespace's use."""
@@ -321,9 +337,8 @@ class Controller:
             )
         return kueue.read_workload(wl)
 
-    def _act(self, key: Key, job: Job, observed: Observed) -> Plan | None:
+    def _act(self, key: Key, job: Job, observed: Observed, pods: list[PodState], now: datetime) -> Plan | None:
         namespace, name = key
-        pods = self._pods(key)
         if self.settings.force_delete != "never" and (lost := self._lost_nodes(pods)):
             observed = replace(observed, lost_nodes=lost)
         down, unreadable = self._down_nodes(job, pods)
@@ -336,7 +351,7 @@ class Controller:
         plan = decide(
             job,
             pods,
-            now=self.clock(),
+            now=now,
             settings=self.settings,
             progress=self._scrape(key, job, pods),
             observed=observed,
