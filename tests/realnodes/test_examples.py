@@ -98,7 +98,7 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(
     assert sorted(nodes.values()) == ["ftn-node-0", "ftn-node-1"], nodes
     # kubectl logs from the real kubelet of rank 1's node; finetune logs --all reads both.
     rank1 = rc.kubectl("logs", "-n", namespace, f"{name}-node-1")
-    assert "launcher INFO starting:" in rank1
+    assert "launcher INFO starting the workers:" in rank1
     both = finetune(rc, "logs", name, "--all", "-n", namespace)
     assert both.returncode == 0, both.stderr
     assert {line[:8] for line in both.stdout.rstrip("\n").split("\n")} == {"[node 0]", "[node 1]"}
@@ -119,9 +119,9 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(
     logs = {}
     for rank in (0, 1):
         text = finetune(rc, "logs", name, "--rank", str(rank), *ns)
-        assert text.returncode == 0 and "launcher INFO starting:" in text.stdout, text.stderr
+        assert text.returncode == 0 and "launcher INFO starting the workers:" in text.stdout, text.stderr
         copy = (out / "logs" / "attempt-0" / f"node-{rank}.log").read_bytes().decode(errors="replace")
-        assert "launcher INFO starting:" in copy
+        assert "launcher INFO starting the workers:" in copy
         assert text.stdout.rstrip().endswith(copy.rstrip()), (rank, copy[-500:], text.stdout[-500:])
         logs[rank] = text.stdout
     # The web view's page of the job (finetune ui, through the Python client): the loss curve the operator recorded
