@@ -161,7 +161,7 @@ work = Path(sys.argv[1])
 for name in ("out", "out2"):
     r = json.loads(next((work / name).rglob("result.json")).read_text())
     print(f"start-up ({name}): time to first step {r['time_to_first_step_seconds']:.1f} s = {r['startup']} + first "
-          f"step {r['warmup_seconds']:.1f} s; steady {r['tokens_per_second']:,.0f} tokens/s")
+          f"step {r['warmup_seconds']:.1f} s; workers {r.get('workers')}; steady {r['tokens_per_second']:,.0f} tokens/s")
 PY
 "$PY" -X importtime -c "import finetune_trainer.worker, transformers, trl, peft, datasets" 2> "$OUT/importtime.txt" || true
 "$PY" - "$OUT/importtime.txt" <<'PY' | tee -a "$OUT/summary.log"

@@ -12,9 +12,12 @@ On the go it runs torch's own agent (``torch.distributed.run``'s arguments, read
 and flags as ``torchrun``: static rendezvous, no restarts of its own) with the worker's ``forked_entry`` as its entry
 point. The workers are forked, so none of them imports anything again: what torchrun paid per process (its own
 interpreter, then each worker's imports) is paid once per pod. Forking is safe while this process has not initialised
-CUDA (the imports do not; ``PYTORCH_NVML_BASED_CUDA_CHECK`` keeps availability checks from doing it); if something
-did, the workers are spawned instead, importing the stack again, as torchrun's would. ``FINETUNE_START_METHOD`` tells
-the workers which, for their start-up record.
+CUDA: on a CPU pod the imports do not (``PYTORCH_NVML_BASED_CUDA_CHECK`` keeps availability checks from doing it). With
+a GPU, bitsandbytes (imported through peft, which transformers' trainer imports) may query the device at import and so
+initialise CUDA; the workers are then spawned instead, importing the stack again as torchrun's would, with the agent's
+imports still beside the launcher's work. ``FINETUNE_START_METHOD`` tells the workers which, and result.json's
+``workers.start_method`` records it. ``OMP_NUM_THREADS`` is 1 with several processes a node unless set (torchrun's
+default), set before torch is imported, which reads it only then.
 
 Failures reach the launcher as with torchrun: ``@record`` copies the failed worker's error file to
 ``TORCHELASTIC_ERROR_FILE``, and the process exits non-zero.
@@ -22,6 +25,7 @@ Failures reach the launcher as with torchrun: ``@record`` copies the failed work
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -51,13 +55,16 @@ def _validate() -> None:
         verdict = {"ok": False, "field": e.field, "message": e.message}
     fd = os.environ.pop(AGENT_VERDICT_FD_ENV, None)
     if fd is not None:
-        with os.fdopen(int(fd), "w") as f:  # closed here: the workers never hold it
-            f.write(json.dumps(verdict) + "\n")
+        with contextlib.suppress(BrokenPipeError), os.fdopen(int(fd), "w") as f:  # closed here: no worker holds it
+            f.write(json.dumps(verdict) + "\n")  # a launcher that gave up first has closed its end
 
 
 def main() -> int:
     started = time.time()
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    if "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("PET_NPROC_PER_NODE") or 1) > 1:
+        # torchrun's default for several processes a node; torch reads it once, at import, so it is set before
+        os.environ["OMP_NUM_THREADS"] = "1"
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from finetune_trainer import worker  # the whole training stack, once

@@ -397,12 +397,15 @@ def run() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(message)s")
 
     try:
-        settle = float(os.environ.get("FINETUNE_CONFIG_SETTLE_SECONDS") or CONFIG_SETTLE_SECONDS)
-        config = load_config(settle_seconds=settle)
+        config = load_config(settle_seconds=_settle_seconds())
         if config.cache_path:
             # Before anything imports huggingface_hub or datasets: they read their cache paths at import.
             hfcache.apply_cache_env(os.environ, config.cache_path, offline=False)
         run_env = read_env(original_env, job_name=config.job.name, namespace=config.job.namespace)
+    except ConfigError as e:
+        return _fail(errors.EXIT_CONFIG_ERROR, str(e))
+    try:
+        validate_credentials(config)  # the launcher's own check, before any other process starts
     except ConfigError as e:
         return _fail(errors.EXIT_CONFIG_ERROR, str(e))
     podlog.start(config.output_path, run_env.attempt, run_env.node_rank)
@@ -413,7 +416,6 @@ def run() -> int:
         workers = Workers(config, env)  # the agent imports the training stack and validates the job
         try:
             try:
-                validate_credentials(config)
                 if workers.agent:
                     workers.verdict()
                 else:
@@ -432,6 +434,14 @@ def run() -> int:
         finally:
             workers.discard()
             podlog.close_active()
+
+
+def _settle_seconds() -> float:
+    """How long a config file that is not the admitted one is read again (FINETUNE_CONFIG_SETTLE_SECONDS; tests)."""
+    try:
+        return float(os.environ.get("FINETUNE_CONFIG_SETTLE_SECONDS") or CONFIG_SETTLE_SECONDS)
+    except ValueError:
+        return CONFIG_SETTLE_SECONDS
 
 
 def _write_completion(config: Config) -> None:

@@ -953,7 +953,14 @@ def run() -> tuple[int, Config | None]:
 
 def forked_entry() -> None:
     """The agent's entry point (``finetune_trainer.agent``), in a process forked from it with the stack imported. A
-    non-zero code leaves through SystemExit: torch's process context reports it as this rank's exit code."""
+    non-zero code leaves through SystemExit: torch's process context reports it as this rank's exit code. The agent's
+    handlers for SIGINT, SIGHUP and SIGQUIT (torch's, raising in the agent) go back to the defaults; SIGTERM is the
+    worker's own (StopFlag)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
     code, _ = run()
     if code != 0:
         raise SystemExit(code)
