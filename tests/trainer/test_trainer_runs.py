@@ -580,3 +580,45 @@ def test_bad_chat_data_exits_78_naming_the_field_and_row(tmp_path: Path) -> None
     assert term is not None and term["reason"] == "ConfigError" and term["message"].startswith(field), term
     for word in words:
         assert word in term["message"], term
+
+
+def _worker_of(node: Node) -> int:
+    """The pid of the node's training worker: the launcher's agent's child."""
+    import psutil
+
+    agent = psutil.Process(node.proc.pid).children()[0]
+    return agent.children()[0].pid
+
+
+def test_a_killed_rank_restarts_every_rank_in_place_and_the_run_stays_exact(tmp_path: Path) -> None:
+    """One rank's process is SIGKILLed mid-run (an OOM kill, a crash) while both "pods" are there: the agents agree,
+    stop every worker and fork new ones, which resume from the newest checkpoint. The launchers never exit in
+    between; the run ends at exactly maxSteps with one result.json listing both rounds, the second with its cause, and
+    rank 0's termination message counts the restart for the operator."""
+    import os
+    import signal
+
+    out = tmp_path / "out"
+    cfg = tiny_config(out, acceleration="none", training={"maxSteps": 60, "checkpointEverySteps": 10})
+    port = free_port()
+    env = {"FINETUNE_RESTARTS_IN_PLACE": "1"}
+    nodes = [Node(tmp_path, cfg, node_rank=r, nnodes=2, master_port=port, extra_env=env) for r in (1, 0)]
+    rank1, rank0 = nodes
+    poll(lambda: complete_steps(out), timeout=RUN_TIMEOUT, what="a complete checkpoint", on_fail=rank0.log)
+    launchers = [n.proc.pid for n in nodes]
+    first_worker = _worker_of(rank1)
+    os.kill(first_worker, signal.SIGKILL)
+    poll(lambda: "restarting every rank in place (round 1" in rank0.log(), timeout=60, what="the restart in place",
+         on_fail=rank0.log)  # fmt: skip
+    for node in nodes:
+        assert node.wait(RUN_TIMEOUT) == 0, node.log()
+    assert [n.proc.pid for n in nodes] == launchers
+    result = read_json(out / "result.json")
+    assert result["steps"] == 60, result
+    rounds = [(a["attempt"], a.get("round", 0)) for a in result["attempts"]]
+    assert rounds == [(0, 0), (0, 1)], result["attempts"]
+    second = result["attempts"][1]
+    assert second["resumed_from_step"] >= 10 and second["restart_cause"].startswith("node 1, local rank 0: Signal 9 (SIGKILL)"), second
+    term = rank0.termination()
+    assert term is not None and term["reason"] == "Completed" and term["restartsInPlace"] == 1, term
+    assert "process group: gloo in round 1 restarted in place" in rank1.log()

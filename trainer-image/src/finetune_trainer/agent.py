@@ -9,8 +9,9 @@ agent then waits for one line on its standard input: the launcher's go (a JSON o
 add), or end of file when the launcher gives up (a bad config, a timeout, SIGTERM), and exits 0 without training.
 
 On the go it runs torch's own agent (``torch.distributed.run``'s arguments, read from the same ``PET_*`` variables
-and flags as ``torchrun``: static rendezvous, no restarts of its own) with the worker's ``forked_entry`` as its entry
-point. The workers are forked, so none of them imports anything again: what torchrun paid per process (its own
+and flags as ``torchrun``: static rendezvous) with the worker's ``forked_entry`` as its entry point; when a rank's
+process fails it restarts every node's workers in place, agreed with the other nodes' agents, within the restarts the
+operator left the attempt (``finetune_trainer.rounds``). The workers are forked, so none of them imports anything again: what torchrun paid per process (its own
 interpreter, then each worker's imports) is paid once per pod. Forking is safe while this process has not initialised
 CUDA: on a CPU pod the imports do not (``PYTORCH_NVML_BASED_CUDA_CHECK`` keeps availability checks from doing it). With
 a GPU, bitsandbytes (imported through peft, which transformers' trainer imports) may query the device at import and so
@@ -79,14 +80,21 @@ def main() -> int:
     os.environ["FINETUNE_START_METHOD"] = method
     os.environ["FINETUNE_AGENT_IMPORT_SECONDS"] = f"{imported:.3f}"
 
+    os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"  # every node runs nproc workers: ranks need no store round
+
     @record
     def launch() -> None:
-        from torch.distributed.launcher.api import elastic_launch
+        from torch.distributed.launcher import api
         from torch.distributed.run import config_from_args, parse_args
+
+        from finetune_trainer.rounds import agent_class
+
+        # torch's launch_agent builds the agent it names here: ours restarts the gang in place (finetune_trainer.rounds)
+        api.LocalElasticAgent = agent_class()  # type: ignore[attr-defined]
 
         argv = [*sys.argv[1:], "--start-method", method, "-m", "finetune_trainer.worker"]
         config, _, _ = config_from_args(parse_args(argv))
-        elastic_launch(config, worker.forked_entry)()
+        api.elastic_launch(config, worker.forked_entry)()
 
     launch()
     return 0

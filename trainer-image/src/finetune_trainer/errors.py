@@ -16,6 +16,8 @@ EXIT_RENDEZVOUS_TIMEOUT: Final = 75  # EX_TEMPFAIL
 EXIT_CUDA_OOM: Final = 77  # the GPU ran out of memory: deterministic for the settings, so not retried
 EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG
 EXIT_TERMINATED: Final = 143  # 128 + SIGTERM
+# what a failure caused by missing ranks says (torch's store and rendezvous errors): exit 75, never restarted in place
+RENDEZVOUS_MARKERS = ("DistStoreError", "RendezvousTimeoutError", "waiting for clients", "RendezvousConnectionError")
 
 REASON_CONFIG: Final = "ConfigError"
 REASON_RENDEZVOUS: Final = "RendezvousTimeout"
@@ -74,16 +76,24 @@ class RendezvousTimeout(Exception):
 
 
 def write_termination_log(
-    reason: str, message: str, path: str | None = None, *, result: dict[str, Any] | None = None
+    reason: str,
+    message: str,
+    path: str | None = None,
+    *,
+    result: dict[str, Any] | None = None,
+    restarts_in_place: int = 0,
 ) -> None:
-    """Write ``{"reason", "message"}`` (and rank 0's ``result`` summary on success: :func:`result_summary`) for the
-    operator; silently skip when the path is not writable."""
+    """Write ``{"reason", "message"}`` (and rank 0's ``result`` summary on success: :func:`result_summary`; the
+    attempt's restarts in place when there were any, ``restartsInPlace``) for the operator; silently skip when the
+    path is not writable."""
     path = path or os.environ.get("FINETUNE_TERMINATION_LOG", DEFAULT_TERMINATION_LOG)
     if len(message) > MAX_MESSAGE_CHARS:
         message = "…" + message[-(MAX_MESSAGE_CHARS - 1) :]
     record: dict[str, Any] = {"reason": reason, "message": message}
     if result is not None:
         record["result"] = result
+    if restarts_in_place:
+        record["restartsInPlace"] = restarts_in_place
     try:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(record, f, separators=(",", ":"))

@@ -37,7 +37,7 @@ import tempfile
 import time
 from typing import Any, NoReturn
 
-from finetune_trainer import errors, hfcache, podlog
+from finetune_trainer import errors, hfcache, podlog, rounds
 from finetune_trainer.config import CONFIG_SETTLE_SECONDS, Config, load_config
 from finetune_trainer.env import RunEnv, read_env
 from finetune_trainer.errors import ConfigError, RendezvousTimeout
@@ -46,7 +46,6 @@ log = logging.getLogger("finetune_trainer.launcher")
 
 WORKER_START_ENV = "FINETUNE_WORKER_START"
 AGENT_VERDICT_FD_ENV = "FINETUNE_AGENT_VERDICT_FD"  # where the agent writes its validation of the job
-_RENDEZVOUS_MARKERS = ("DistStoreError", "RendezvousTimeoutError", "waiting for clients", "RendezvousConnectionError")
 
 
 def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
@@ -171,11 +170,13 @@ def preflight(config: Config, run: RunEnv) -> float:
     )
 
 
-def launch_args(config: Config) -> list[str]:
-    """torchrun's flags, for torchrun and the agent alike (both read the ``PET_*`` variables for the rest)."""
+def launch_args(config: Config, *, restarts: int = 0) -> list[str]:
+    """torchrun's flags, for torchrun and the agent alike (both read the ``PET_*`` variables for the rest). torchrun
+    restarts nothing itself (its agents do not agree on a restart: the operator recreates the gang); the agent restarts
+    the gang in place, at most ``restarts`` times (``finetune_trainer.rounds``)."""
     timeout = max(60, config.preflight_timeout_seconds)
     return [
-        "--max-restarts", "0",  # restarts are the operator's (gang) decision
+        "--max-restarts", str(restarts),
         "--rdzv-conf", f"timeout={timeout}",
     ]  # fmt: skip
 
@@ -188,7 +189,7 @@ def torchrun_command(config: Config) -> list[str]:
 def agent_command(config: Config) -> list[str]:
     """The default image's workers: forked by the agent, which imports the training stack once while the launcher
     validates (``finetune_trainer.agent``)."""
-    return [sys.executable, "-m", "finetune_trainer.agent", *launch_args(config)]
+    return [sys.executable, "-m", "finetune_trainer.agent", *launch_args(config, restarts=rounds.budget())]
 
 
 class Workers:
@@ -314,7 +315,7 @@ def classify_failure(message: str) -> tuple[int, str]:
         return errors.EXIT_CUDA_OOM, message[len(errors.CUDA_OOM_PREFIX) :]
     if message.startswith(errors.OUTPUT_FULL_PREFIX):
         return errors.EXIT_OUTPUT_FULL, message[len(errors.OUTPUT_FULL_PREFIX) :]
-    if any(marker in message for marker in _RENDEZVOUS_MARKERS):
+    if any(marker in message for marker in errors.RENDEZVOUS_MARKERS):
         return errors.EXIT_RENDEZVOUS_TIMEOUT, message
     return errors.EXIT_TRAINING_ERROR, message or "a training worker failed; see the pod log"
 
@@ -332,6 +333,7 @@ class _Forwarder:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping_file: str | None = None
         self.phase: str | None = "validation"
         self.signalled = False
         self._forwarded = False
@@ -351,6 +353,9 @@ class _Forwarder:
         if proc is None or proc.poll() is not None or self._forwarded:
             return
         self._forwarded = True
+        if self.stopping_file:  # before the workers hear of it: the agent restarts nothing in place after this
+            with contextlib.suppress(OSError), open(self.stopping_file, "w", encoding="utf-8") as f:
+                f.write("SIGTERM\n")
         try:
             import psutil
 
@@ -376,10 +381,10 @@ def _stop_before_training(signum: int, phase: str) -> NoReturn:
     os._exit(errors.EXIT_TERMINATED)
 
 
-def _fail(code: int, message: str) -> int:
+def _fail(code: int, message: str, *, restarts_in_place: int = 0) -> int:
     reason = errors.REASON_BY_EXIT.get(code, errors.REASON_TRAINING)
     print(f"finetune-trainer: {reason}: {message}", file=sys.stderr, flush=True)
-    errors.write_termination_log(reason, message)
+    errors.write_termination_log(reason, message, restarts_in_place=restarts_in_place)
     return code
 
 
@@ -413,6 +418,8 @@ def run() -> int:
         error_file = os.path.join(tmp, "error.json")
         env = worker_env(run_env, launch_time, error_file, cache_path=config.cache_path)
         env["FINETUNE_STOP_FILE"] = os.path.join(tmp, "stopped")
+        env[rounds.STOPPING_ENV] = forwarder.stopping_file = os.path.join(tmp, "stopping")
+        env[rounds.ROUNDS_FILE_ENV] = os.path.join(tmp, "rounds.json")
         workers = Workers(config, env)  # the agent imports the training stack and validates the job
         try:
             try:
@@ -444,7 +451,7 @@ def _settle_seconds() -> float:
         return CONFIG_SETTLE_SECONDS
 
 
-def _write_completion(config: Config) -> None:
+def _write_completion(config: Config, *, restarts_in_place: int) -> None:
     """Rank 0's success in the termination log: the end of the job's curves from result.json, for status.history
     (the operator's scrapes, every few seconds, miss the last steps)."""
     try:
@@ -455,7 +462,10 @@ def _write_completion(config: Config) -> None:
         return
     summary = errors.result_summary(result)
     errors.write_termination_log(
-        errors.REASON_COMPLETED, f"trained to step {summary['steps']} in attempt {summary['attempt']}", result=summary
+        errors.REASON_COMPLETED,
+        f"trained to step {summary['steps']} in attempt {summary['attempt']}",
+        result=summary,
+        restarts_in_place=restarts_in_place,
     )
 
 
@@ -484,6 +494,7 @@ def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, worke
     rc = forwarder.proc.wait()
     message = read_error_file(error_file)
     stopped_together = os.path.exists(workers.env["FINETUNE_STOP_FILE"])
+    in_place = int(rounds.read_rounds(workers.env[rounds.ROUNDS_FILE_ENV]).get("restarts") or 0)
 
     if rc == 0:
         if run_env.node_rank != 0:
@@ -493,8 +504,8 @@ def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, worke
         try:
             export.run_exports(config)
         except export.ExportError as e:
-            return _fail(errors.EXIT_EXPORT_FAILED, str(e))
-        _write_completion(config)
+            return _fail(errors.EXIT_EXPORT_FAILED, str(e), restarts_in_place=in_place)
+        _write_completion(config, restarts_in_place=in_place)
         return 0
     if forwarder.signalled or (stopped_together and not message):
         from finetune_trainer.checkpoints import latest_complete
@@ -502,9 +513,9 @@ def _run_validated(forwarder: _Forwarder, config: Config, run_env: RunEnv, worke
         ckpt = latest_complete(config.checkpoints_dir)
         where = f"newest complete checkpoint: step {ckpt.step}" if ckpt else "no complete checkpoint yet"
         why = "by SIGTERM" if forwarder.signalled else "with every rank after a SIGTERM to another pod"
-        return _fail(errors.EXIT_TERMINATED, f"stopped {why} ({where})")
+        return _fail(errors.EXIT_TERMINATED, f"stopped {why} ({where})", restarts_in_place=in_place)
     code, text = classify_failure(message)
-    return _fail(code, text)
+    return _fail(code, text, restarts_in_place=in_place)
 
 
 USAGE = """\

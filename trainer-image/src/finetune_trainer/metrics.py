@@ -152,6 +152,9 @@ class TrainerMetrics:
         self.startup_data = gauge("finetune_startup_data_seconds", "Seconds spent building the datasets at start-up")
         self.startup_model = gauge("finetune_startup_model_seconds", "Seconds spent building or loading the model")
         self.attempt = gauge("finetune_attempt", "Attempt number of this run (FINETUNE_ATTEMPT)")
+        self.restarts_in_place = gauge(
+            "finetune_restarts_in_place", "Restarts of every rank in place in this attempt (the agent's rounds)"
+        )
         self.eval_loss = gauge("finetune_eval_loss", "Loss on the evaluation split at the last evaluation")
         self.eval_perplexity = gauge("finetune_eval_perplexity", "exp(eval loss) at the last evaluation (causal-lm)")
         self.eval_accuracy = gauge(

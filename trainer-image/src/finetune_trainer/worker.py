@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnos
 from finetune_trainer.callbacks import CheckpointCallback, RunComplete, StopFlag
 from finetune_trainer.config import Config, load_config, model_head
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
+from finetune_trainer.rounds import CAUSE_ENV
 from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics, peak_flops
 
 log = logging.getLogger("finetune_trainer.worker")
@@ -42,6 +44,7 @@ class Identity:
     nproc_per_node: int
     nnodes: int
     attempt: int
+    round: int = 0  # restarts in place within the attempt (finetune_trainer.rounds): the agent's restart count
 
     @classmethod
     def from_env(cls) -> Identity:
@@ -56,6 +59,7 @@ class Identity:
             nproc_per_node=nproc,
             nnodes=max(1, world // max(1, nproc)),
             attempt=int(e.get("FINETUNE_ATTEMPT", "0") or 0),
+            round=int(e.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         )
 
 
@@ -357,14 +361,24 @@ def workers_record() -> dict[str, Any]:
 
 
 def attempt_record_path(config: Config, ident: Identity) -> str:
-    return os.path.join(config.output_path, "attempts", f"attempt-{ident.attempt}.json")
+    """``attempts/attempt-<n>.json``; a round restarted in place, ``attempt-<n>.<round>.json``."""
+    name = f"attempt-{ident.attempt}" + (f".{ident.round}" if ident.round else "")
+    return os.path.join(config.output_path, "attempts", f"{name}.json")
+
+
+def _record_order(name: str) -> tuple[int, int] | None:
+    """``attempt-3.json`` → (3, 0), ``attempt-3.2.json`` → (3, 2); anything else None."""
+    m = re.fullmatch(r"attempt-(\d+)(?:\.(\d+))?\.json", name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
 
 
 def attempt_record(config: Config, ident: Identity, setup: Setup, **end: Any) -> dict[str, Any]:
     """Rank 0's record of one attempt (``attempts/attempt-<n>.json``), written as it starts training and again as it
     ends: its size and batch, the step it resumed from, and at the end its last step and losses."""
+    rounds = {"round": ident.round, "restart_cause": os.environ.get(CAUSE_ENV, "")[-800:]} if ident.round else {}
     return {
         "attempt": ident.attempt,
+        **rounds,
         "resumed_from_step": setup.resume.step if setup.resume else 0,
         **batch_record(config, ident),
         **end,
@@ -389,6 +403,8 @@ def attempt_figures(ident: Identity, setup: Setup, metrics_cb: Any, runtime: flo
 
 ATTEMPT_SUMMARY = (
     "attempt",
+    "round",
+    "restart_cause",
     "nodes",
     "world_size",
     "gradient_accumulation_steps",
@@ -408,8 +424,16 @@ def run_totals(config: Config, ident: Identity) -> dict[str, Any]:
     steady rows over all steady seconds), and one entry per attempt. An attempt that ended without a record (a crash)
     trained nothing that was kept past its newest checkpoint, and is listed with what it recorded at its start."""
     records = []
-    for n in range(ident.attempt + 1):
-        path = os.path.join(config.output_path, "attempts", f"attempt-{n}.json")
+    folder = os.path.join(config.output_path, "attempts")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        names = []
+    ordered = sorted((order, name) for name in names if (order := _record_order(name)) is not None)
+    for order, name in ordered:
+        if order > (ident.attempt, ident.round):
+            continue  # a later attempt's (this one resumed a path another run of the job wrote after it)
+        path = os.path.join(folder, name)
         try:
             with open(path, encoding="utf-8") as f:
                 records.append(json.load(f))
@@ -455,16 +479,44 @@ def record_agreed_stop(step: int) -> None:
 DDP_TIMEOUT_DEFAULT = 1800  # TrainingArguments.ddp_timeout's default
 
 
-def init_cpu_process_group(timeout_seconds: int) -> None:
-    """On CPU, form the gloo process group with ``ddp_timeout`` before transformers does: its CPU path
-    (``use_cpu``) forms the group without it, with gloo's 30-minute default, so a frozen or cut-off peer would block
-    every collective (a DDP gradient all-reduce, the SIGTERM agreement) for half an hour instead of failing the rank
-    and restarting the gang. Accelerate reuses a group that exists. One process (no torchrun world): nothing to do."""
+def init_process_group(timeout_seconds: int, *, cuda: bool) -> None:
+    """Form the process group here, before transformers does, when it must differ from transformers' own:
+
+    - on CPU, with ``ddp_timeout``: transformers' CPU path (``use_cpu``) forms the gloo group without it, with gloo's
+      30-minute default, so a frozen or cut-off peer would block every collective (a DDP gradient all-reduce, the
+      SIGTERM agreement) for half an hour instead of failing the rank and restarting the gang;
+    - in a round restarted in place (``TORCHELASTIC_RESTART_COUNT`` > 0, ``finetune_trainer.rounds``), on CPU and GPU,
+      under a prefix of the round's own in the agent's store: the static rendezvous keeps one store for the agent's
+      life, and the round before left its keys there (the ranks' addresses), which ``env://`` would read again.
+
+    Accelerate reuses a group that exists. One process (no torchrun world): nothing to do."""
     import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_seconds))
-        log.info("process group: gloo, collectives time out after %ss (ddp_timeout)", timeout_seconds)
+    e = os.environ
+    world = int(e.get("WORLD_SIZE", "1"))
+    if world <= 1 or dist.is_initialized():
+        return
+    timeout = timedelta(seconds=timeout_seconds)
+    backend = "nccl" if cuda else "gloo"
+    rnd = int(e.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if rnd == 0:
+        if not cuda:
+            dist.init_process_group(backend="gloo", timeout=timeout)
+            log.info("process group: gloo, collectives time out after %ss (ddp_timeout)", timeout_seconds)
+        return
+    if cuda:
+        import torch
+
+        torch.cuda.set_device(int(e.get("LOCAL_RANK", "0")))
+    store = dist.TCPStore(e["MASTER_ADDR"], int(e["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore(f"/finetune/round_{rnd}", store),
+        rank=int(e["RANK"]),
+        world_size=world,
+        timeout=timeout,
+    )
+    log.info("process group: %s in round %d restarted in place", backend, rnd)
 
 
 @dataclass
@@ -539,8 +591,8 @@ def set_up(config: Config, ident: Identity, launch_time: float) -> Setup:
     )
     if config.training.sharding == "fsdp" and not cuda:
         sharding.enable_on_cpu()
-    if not cuda:  # before the arguments: building them may already form the group
-        init_cpu_process_group(int(config.training.extra_args.get("ddp_timeout", DDP_TIMEOUT_DEFAULT)))
+    # before the arguments: building them may already form the group
+    init_process_group(int(config.training.extra_args.get("ddp_timeout", DDP_TIMEOUT_DEFAULT)), cuda=cuda)
     args = build_training_args(config, backend, ident, cuda=cuda, precision=precision)
     _ = args.device  # forms the process group (torchrun env) now, so the rendezvous time is measurable
     rendezvous_s = time.time() - launch_time
@@ -556,6 +608,7 @@ def set_up(config: Config, ident: Identity, launch_time: float) -> Setup:
     metrics.rendezvous_duration.set(rendezvous_s)
     metrics.startup_launcher.set(phases["launcher_seconds"])
     metrics.attempt.set(ident.attempt)
+    metrics.restarts_in_place.set(ident.round)
     if ident.local_rank == 0:
         metrics.serve(config.metrics_port)
 
