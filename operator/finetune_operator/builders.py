@@ -340,9 +340,12 @@ def build_config_map(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list[dict[str, str]]:
+def env_contract(
+    ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, restarts_left: int = 0
+) -> list[dict[str, str]]:
     """The rendezvous env of one pod (trainer-image/README.md, "Env contract"); torchrun reads every PET_* as a
-    flag default."""
+    flag default. ``restarts_left``: what spec.maxRestarts leaves the attempt, which the trainer's agents may spend
+    restarting every rank in place."""
     addr = master_addr(ref.name)
     pairs = [
         ("PET_NNODES", spec.nodes),
@@ -359,12 +362,15 @@ def env_contract(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int) -> list
         ("FINETUNE_JOB_NAME", ref.name),
         ("FINETUNE_NAMESPACE", ref.namespace),
         ("FINETUNE_ATTEMPT", attempt),
+        ("FINETUNE_RESTARTS_IN_PLACE", restarts_left),
         ("FINETUNE_CONFIG", f"{CONFIG_DIR}/{CONFIG_FILE}"),
     ]
     return [{"name": k, "value": str(v)} for k, v in pairs]
 
 
-def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: Settings) -> dict[str, Any]:
+def build_pod(
+    ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: Settings, restarts_left: int = 0
+) -> dict[str, Any]:
     name = pod_name(ref.name, rank)
     kueue_labels, kueue_annotations = kueue.pod_metadata(spec.queue_name, ref.name, ref.uid, attempt, spec.nodes)
     labels = {
@@ -376,7 +382,7 @@ def build_pod(ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: 
     }
     annotations = {**spec.pod_template.annotations, **kueue_annotations}
 
-    env: list[dict[str, Any]] = list(env_contract(ref, spec, rank=rank, attempt=attempt))
+    env: list[dict[str, Any]] = list(env_contract(ref, spec, rank=rank, attempt=attempt, restarts_left=restarts_left))
     env.append({"name": CONFIG_DIGEST_ENV, "value": config_digest(ref, spec)})
     user_env_names = {e["name"] for e in spec.env}
     if "HF_HOME" not in user_env_names:
@@ -552,5 +558,10 @@ def is_placeholder(obj: dict[str, Any]) -> bool:
     return obj.get("kind") == "Pod" and (obj["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == PLACEHOLDER
 
 
-def build_pods(ref: JobRef, spec: JobSpec, *, attempt: int, settings: Settings) -> list[dict[str, Any]]:
-    return [build_pod(ref, spec, rank=r, attempt=attempt, settings=settings) for r in range(spec.nodes)]
+def build_pods(
+    ref: JobRef, spec: JobSpec, *, attempt: int, settings: Settings, restarts_left: int = 0
+) -> list[dict[str, Any]]:
+    return [
+        build_pod(ref, spec, rank=r, attempt=attempt, settings=settings, restarts_left=restarts_left)
+        for r in range(spec.nodes)
+    ]

@@ -438,6 +438,10 @@ class Controller:
             self.kube.delete_object(kind, namespace, obj_name)
         if plan.restart_reason:
             self.metrics.restarts.labels(finetune_namespace=namespace, reason=plan.restart_reason).inc()
+        if plan.restarts_in_place:
+            self.metrics.restarts.labels(finetune_namespace=namespace, reason="TrainingError").inc(
+                plan.restarts_in_place
+            )
         if plan.resize is not None:
             direction, steps = plan.resize
             self.metrics.resizes.labels(finetune_namespace=namespace, direction=direction).inc()

@@ -118,6 +118,18 @@ def completion_result(pod: dict[str, Any]) -> dict[str, Any] | None:
     return result if isinstance(result, dict) else None
 
 
+def restarts_in_place(pod: dict[str, Any]) -> int:
+    """The restarts of every rank in place a finished trainer's launcher reported (``restartsInPlace`` in its
+    termination message): the rounds of the attempt, however many of them a scrape saw."""
+    term = (_container_status(pod).get("state") or {}).get("terminated") or {}
+    try:
+        data = json.loads(term.get("message") or "")
+    except ValueError:
+        return 0
+    value = data.get("restartsInPlace") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and 0 <= value < 2**31 else 0
+
+
 def classify_pod(pod: dict[str, Any]) -> Failure | None:
     """The failure of one pod of the running attempt, or None while it is healthy or succeeded."""
     status = pod.get("status") or {}

@@ -31,6 +31,7 @@ GAUGES = {
     "finetune_startup_launcher_seconds": "launcher_seconds",
     "finetune_startup_data_seconds": "data_seconds",
     "finetune_startup_model_seconds": "model_seconds",
+    "finetune_restarts_in_place": "restarts_in_place",
     "finetune_eval_loss": "eval_loss",
     "finetune_eval_perplexity": "eval_perplexity",
     "finetune_eval_accuracy": "eval_accuracy",
@@ -38,8 +39,9 @@ GAUGES = {
     "finetune_train_reward_accuracy": "reward_accuracy",
     "finetune_train_reward_margin": "reward_margin",
 }
-# 0 until the trainer knows them: left out until then
+# 0 until the trainer knows them: left out until then (restarts in place: 0 is the status's absent field)
 SET_ONCE = {
+    "restarts_in_place",
     "time_to_first_step_seconds",
     "warmup_seconds",
     "rendezvous_seconds",
@@ -47,7 +49,7 @@ SET_ONCE = {
     "data_seconds",
     "model_seconds",
 }
-INTEGER_FIELDS = {"step", "total_steps", "eta_seconds", "last_checkpoint_step"}
+INTEGER_FIELDS = {"step", "total_steps", "eta_seconds", "last_checkpoint_step", "restarts_in_place"}
 PER_NODE_RATES = {"samples_per_second", "tokens_per_second"}
 
 
@@ -107,8 +109,8 @@ def parse_metrics(text: str, *, nodes: int) -> Progress | None:
     if not out.get("total_steps"):
         # The trainer has not started its training loop yet: no progress to report, but the checkpoint it resumes
         # from (saved as the attempt before it stopped, which no scrape of that attempt saw).
-        ckpt = out.get("last_checkpoint_step")
-        return Progress(last_checkpoint_step=ckpt) if ckpt else None
+        early = {k: out[k] for k in ("last_checkpoint_step", "restarts_in_place") if out.get(k)}
+        return Progress(**early) if early else None
     if "step" in out:
         out["step_of_total"] = f"{out['step']}/{out['total_steps']}"
     if "eta_seconds" in out:

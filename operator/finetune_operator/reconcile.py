@@ -86,6 +86,7 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     restart_reason: str | None = None  # for the operator's restarts-by-reason metric
+    restarts_in_place: int = 0  # restarts the trainer's agents made in place, newly seen by this pass (the same metric)
     resize: tuple[str, int] | None = None  # an elastic job's resize (Shrunk | Grown, steps lost): for the metrics
 
 
@@ -349,7 +350,9 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     ref, present = p.job.ref, gang.ranks
     missing = [
         pod
-        for rank, pod in enumerate(build_pods(ref, spec, attempt=st.attempt, settings=settings))
+        for rank, pod in enumerate(
+            build_pods(ref, spec, attempt=st.attempt, settings=settings, restarts_left=spec.max_restarts - st.restarts)
+        )
         if rank not in present
     ]  # build_pods is in rank order; creation tolerates "already exists"
     extra = [
@@ -360,6 +363,8 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
     st.attempt_start_time = now
     st.admission_retry_time = None
+    if st.progress is not None and st.progress.restarts_in_place is not None:
+        st.progress = replace(st.progress, restarts_in_place=None)  # the new attempt's rounds count from 0
     st.runtime = runtimes.record(eff, st.attempt)
     if p.was == SUSPENDED or st.start_time is None:
         st.start_time = now  # as a Kubernetes Job: the deadline restarts when resumed
@@ -415,6 +420,7 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
     all ranks done is success; all running is Running (with the scraped progress); otherwise some ranks wait, and the
     status says why."""
     st = p.st
+    _count_in_place(p, spec, gang, progress)
     failure = _first_failure(p, spec, gang)
     queued = any(pod.gated for pod in gang.current)
     if gang.current and not queued:
@@ -454,6 +460,47 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         _queued(p, gang, queue)
     else:
         _ranks_wait(p, spec, gang)
+
+
+def _count_in_place(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | None) -> None:
+    """Restarts the trainer's agents made in place (a rank's process failed, every pod was there: the workers were
+    forked again and resumed from the newest checkpoint, finetune_trainer.rounds) count as the operator's own gang
+    restarts: against spec.maxRestarts, in ``restarts`` (and ``restartsInPlace``), the restarts metric, the steps
+    lost, and a Warning event. Rank 0 reports its round in its gauges, every launcher in its termination message:
+    whichever is seen first counts, once (``progress.restartsInPlace``: those of this attempt counted so far)."""
+    st = p.st
+    reported = max(
+        [
+            progress.restarts_in_place or 0 if progress is not None else 0,
+            *(pod.restarts_in_place for pod in gang.current),
+        ]
+    )
+    counted = (st.progress.restarts_in_place or 0) if st.progress is not None else 0
+    if reported <= counted:
+        return
+    new = reported - counted
+    before = st.progress or Progress()
+    lost = steps_lost(before)
+    st.restarts += new
+    st.restarts_in_place += new
+    p.plan.restarts_in_place += new
+    resume = before.last_checkpoint_step or 0
+    st.progress = replace(
+        before,
+        restarts_in_place=reported,
+        steps_lost_to_restarts=(before.steps_lost_to_restarts or 0) + lost,
+        samples_per_second=None,
+        tokens_per_second=None,
+        update_time=p.now,
+    )
+    message = (
+        f"a rank's process failed in attempt {st.attempt}: every rank restarted in place, the pods kept (restart "
+        f"{st.restarts}/{spec.max_restarts}); resumed from the newest checkpoint (step {resume} or later)"
+        + (f", {lost} step(s) lost" if lost else "")
+        + "; the cause is in result.json's attempts and the pods' logs"
+    )
+    st.failure = Failure(reason="TrainingError", message=message, attempt=st.attempt)
+    p.event("Warning", "RestartedInPlace", message)
 
 
 def _at_least_the_checkpoint(progress: Progress) -> Progress:

@@ -9,7 +9,14 @@ from datetime import datetime
 from typing import Any
 
 from finetune_operator.builders import COMPONENT_LABEL, PLACEHOLDER, JobRef
-from finetune_operator.failures import Failure, WaitingProblem, classify_pod, completion_result, waiting_problem
+from finetune_operator.failures import (
+    Failure,
+    WaitingProblem,
+    classify_pod,
+    completion_result,
+    restarts_in_place,
+    waiting_problem,
+)
 from finetune_operator.kueue import QUEUE_LABEL, is_kueue_gate
 from finetune_operator.runtimes import spec_of
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
@@ -91,6 +98,7 @@ class PodState:
     placeholder: bool = False  # an elastic job's placeholder (builders.build_placeholder), not a rank
     # failures.completion_result: rank 0's summary of a succeeded run (not part of the pod's identity or hash)
     result: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    restarts_in_place: int = 0  # failures.restarts_in_place: the launcher's count, once the pod finished
 
     @property
     def deleting(self) -> bool:
@@ -132,6 +140,7 @@ def read_pod(wire: dict[str, Any]) -> PodState:
         queue=labels.get(QUEUE_LABEL),
         placeholder=labels.get(COMPONENT_LABEL) == PLACEHOLDER,
         result=completion_result(wire),
+        restarts_in_place=restarts_in_place(wire),
     )
 
 

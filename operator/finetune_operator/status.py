@@ -91,6 +91,7 @@ class Progress:
     launcher_seconds: float | None = None  # the start-up's parts (result.json's startup), the current attempt's
     data_seconds: float | None = None
     model_seconds: float | None = None
+    restarts_in_place: int | None = None  # the current attempt's restarts of every rank in place (rank 0's round)
     update_time: datetime | None = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -188,6 +189,7 @@ class Status:
     wanted_nodes: int = 0
     attempt: int = 0
     restarts: int = 0
+    restarts_in_place: int = 0  # of restarts: those made in place (the pods kept), over the whole job
     disruptions: int = 0
     start_time: datetime | None = None
     attempt_start_time: datetime | None = None  # None: the current attempt's pods are not created yet
@@ -223,6 +225,8 @@ class Status:
             restarts=self.restarts,
             disruptions=self.disruptions,
         )
+        if self.restarts_in_place:
+            out["restartsInPlace"] = self.restarts_in_place
         for name in (*self._TIMES, *self._NUMBERS):
             value = getattr(self, name)
             if value is not None:
@@ -252,6 +256,7 @@ class Status:
             wanted_nodes=int(shown) if shown.isdigit() else 0,
             attempt=int(d.get("attempt") or 0),
             restarts=int(d.get("restarts") or 0),
+            restarts_in_place=int(d.get("restartsInPlace") or 0),
             disruptions=int(d.get("disruptions") or 0),
             failure=Failure.from_status(d["failure"]) if d.get("failure") else None,
             progress=Progress.from_wire(d["progress"]) if d.get("progress") else None,

@@ -61,6 +61,7 @@ TRAINER_GAUGES = {
     "finetune_startup_data_seconds",
     "finetune_startup_model_seconds",
     "finetune_attempt",
+    "finetune_restarts_in_place",
 }
 TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}
 OPERATOR_LABELS = {"finetune_namespace", "state", "reason", "direction"}

@@ -618,7 +618,9 @@ def test_a_killed_rank_restarts_every_rank_in_place_and_the_run_stays_exact(tmp_
     rounds = [(a["attempt"], a.get("round", 0)) for a in result["attempts"]]
     assert rounds == [(0, 0), (0, 1)], result["attempts"]
     second = result["attempts"][1]
-    assert second["resumed_from_step"] >= 10 and second["restart_cause"].startswith("node 1, local rank 0: Signal 9 (SIGKILL)"), second
+    assert second["resumed_from_step"] >= 10 and second["restart_cause"].startswith(
+        "node 1, local rank 0: Signal 9 (SIGKILL)"
+    ), second
     term = rank0.termination()
     assert term is not None and term["reason"] == "Completed" and term["restartsInPlace"] == 1, term
     assert "process group: gloo in round 1 restarted in place" in rank1.log()

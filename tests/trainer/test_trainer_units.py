@@ -997,3 +997,28 @@ def test_a_run_recorded_by_another_trainer_version_is_the_same_run(tmp_path: Pat
     with pytest.raises(ConfigError) as e:
         runid.claim(config)
     assert "dataset.text_field" in str(e.value) and "spec.output.path" in str(e.value)
+
+
+def test_what_is_never_restarted_in_place() -> None:
+    """A failed round restarts in place only for a failure another round may not repeat, with a restart left, while
+    nothing is stopping the pod; the cause reported is the rank that failed, not its peers that saw it go."""
+    from finetune_trainer import errors, rounds
+
+    crash = ["RuntimeError: boom"]
+    assert rounds.why_not_in_place(crash, [1], left=1, stop=False) is None
+    assert rounds.why_not_in_place(["Signal 9 (SIGKILL) received by PID 7"], [-9], left=2, stop=False) is None
+    assert rounds.why_not_in_place(crash, [1], left=0, stop=False) == "no restart left in place"
+    assert "SIGTERM" in str(rounds.why_not_in_place(crash, [1], left=1, stop=True))
+    assert "SIGTERM" in str(rounds.why_not_in_place([""], [143], left=1, stop=False))
+    for prefix in (errors.CONFIG_ERROR_PREFIX, errors.CUDA_OOM_PREFIX, errors.OUTPUT_FULL_PREFIX):
+        assert (
+            rounds.why_not_in_place([prefix + "x"], [1], left=3, stop=False) == "a failure another round would repeat"
+        )
+    assert "rendezvous" in str(
+        rounds.why_not_in_place(["torch.distributed.DistStoreError: wait"], [1], left=3, stop=False)
+    )
+    peer = "node 0, local rank 0: RuntimeError: [gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer"
+    root = "node 1, local rank 0: Signal 9 (SIGKILL) received by PID 7"
+    assert rounds.root_cause([peer, root]) == root and rounds.root_cause([peer]) == peer
+    assert rounds.budget({"FINETUNE_RESTARTS_IN_PLACE": "2"}) == 2
+    assert rounds.budget({"FINETUNE_RESTARTS_IN_PLACE": "x"}) == rounds.budget({}) == 0

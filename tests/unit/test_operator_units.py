@@ -1182,6 +1182,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
         wanted_nodes=4,
         attempt=1,
         restarts=1,
+        restarts_in_place=1,
         disruptions=2,
         start_time=NOW,
         attempt_start_time=NOW,

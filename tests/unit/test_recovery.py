@@ -317,3 +317,48 @@ def test_a_shrunk_jobs_throughput_is_rank_0s_rate_times_its_current_size() -> No
         assert progress.samples_per_second == 10
     finally:
         c.scraper.shutdown()
+
+
+# -- restarts in place ------------------------------------------------------------------------------------------------
+
+
+def test_a_restart_in_place_counts_once_as_a_restart_with_the_steps_it_lost() -> None:
+    """Rank 0's gauges say its agents restarted every rank in place once (round 1): one restart against maxRestarts,
+    in restartsInPlace, the steps since the checkpoint lost, a Warning event; the same report again counts nothing."""
+    from finetune_operator.progress import parse_metrics
+
+    wire = job(dict(STARTED), nodes=2)
+    wire["status"]["progress"] = {"step": 37, "totalSteps": 100, "stepOfTotal": "37/100", "lastCheckpointStep": 30}
+    page = "finetune_train_step 31\nfinetune_train_total_steps 100\nfinetune_checkpoint_last_step 30\n"
+    scraped = parse_metrics(page + "finetune_restarts_in_place 1\n", nodes=2)
+    plan = decided(wire, [running(0), running(1)], progress=scraped)
+    st = plan.status
+    assert (st.state, st.attempt, st.restarts, st.restarts_in_place) == ("Running", 0, 1, 1)
+    assert st.progress is not None and (st.progress.steps_lost_to_restarts, st.progress.step) == (7, 31)
+    assert plan.restarts_in_place == 1 and not plan.delete and not plan.create
+    assert [e.reason for e in plan.events if e.type == "Warning"] == ["RestartedInPlace"]
+    assert st.failure is not None and "restart 1/3" in st.failure.message
+    again = decided(job(st.to_wire(), nodes=2), [running(0), running(1)], progress=scraped)
+    assert (again.status.restarts, again.restarts_in_place) == (1, 0)
+    assert "RestartedInPlace" not in [e.reason for e in again.events]
+
+
+def test_rounds_no_scrape_saw_count_from_the_termination_message_before_the_gang_restart() -> None:
+    """The agents used the attempt's last restarts in place between two scrapes and then gave up: the launcher's
+    termination message says how many there were, and with them the budget is spent: the job fails."""
+    message = json.dumps({"reason": "TrainingError", "message": "boom", "restartsInPlace": 3})
+    plan = decided(job(dict(STARTED), nodes=2), [running(0, phase="Failed", code=1, message=message), running(1)])
+    st = plan.status
+    assert (st.state, st.restarts, st.restarts_in_place) == ("Failed", 3, 3)
+    assert st.failure is not None and "restarts exhausted (3/3)" in st.failure.message
+
+
+def test_a_new_attempts_pods_get_the_restarts_left_to_make_in_place() -> None:
+    plan = decided(job(dict(STARTED, restarts=1, attempt=1, attemptStartTime=None, state="Restarting"), nodes=2), [])
+    envs = [
+        {e["name"]: e.get("value") for e in o["spec"]["containers"][0]["env"]}
+        for o in plan.create
+        if o.get("kind") == "Pod"
+    ]
+    assert [e["FINETUNE_RESTARTS_IN_PLACE"] for e in envs] == ["2", "2"]
+    assert plan.status.progress is None or plan.status.progress.restarts_in_place is None

@@ -8,17 +8,17 @@ agent imports the stack (torch, transformers, peft, trl: about 5 s of CPU), vali
 agent then waits for one line on its standard input: the launcher's go (a JSON object of environment variables to
 add), or end of file when the launcher gives up (a bad config, a timeout, SIGTERM), and exits 0 without training.
 
-On the go it runs torch's own agent (``torch.distributed.run``'s arguments, read from the same ``PET_*`` variables
-and flags as ``torchrun``: static rendezvous) with the worker's ``forked_entry`` as its entry point; when a rank's
-process fails it restarts every node's workers in place, agreed with the other nodes' agents, within the restarts the
-operator left the attempt (``finetune_trainer.rounds``). The workers are forked, so none of them imports anything again: what torchrun paid per process (its own
-interpreter, then each worker's imports) is paid once per pod. Forking is safe while this process has not initialised
-CUDA: on a CPU pod the imports do not (``PYTORCH_NVML_BASED_CUDA_CHECK`` keeps availability checks from doing it). With
-a GPU, bitsandbytes (imported through peft, which transformers' trainer imports) may query the device at import and so
-initialise CUDA; the workers are then spawned instead, importing the stack again as torchrun's would, with the agent's
-imports still beside the launcher's work. ``FINETUNE_START_METHOD`` tells the workers which, and result.json's
-``workers.start_method`` records it. ``OMP_NUM_THREADS`` is 1 with several processes a node unless set (torchrun's
-default), set before torch is imported, which reads it only then.
+On the go it runs torch's own agent (``torch.distributed.run``'s arguments, read from the same ``PET_*`` variables and
+flags as ``torchrun``: static rendezvous) with the worker's ``forked_entry`` as its entry point; when a rank's process
+fails it restarts every node's workers in place, agreed with the other nodes' agents, within the restarts the operator
+left the attempt (``finetune_trainer.rounds``). The workers are forked, so none of them imports anything again: what
+torchrun paid per process (its own interpreter, then each worker's imports) is paid once per pod. Forking is safe
+while this process has not initialised CUDA: on a CPU pod the imports do not (``PYTORCH_NVML_BASED_CUDA_CHECK`` keeps
+availability checks from doing it). With a GPU, bitsandbytes (imported through peft, which transformers' trainer
+imports) may query the device at import and so initialise CUDA; the workers are then spawned instead, importing the
+stack again as torchrun's would, with the agent's imports still beside the launcher's work. ``FINETUNE_START_METHOD``
+tells the workers which, and result.json's ``workers.start_method`` records it. ``OMP_NUM_THREADS`` is 1 with several
+processes a node unless set (torchrun's default), set before torch is imported, which reads it only then.
 
 Failures reach the launcher as with torchrun: ``@record`` copies the failed worker's error file to
 ``TORCHELASTIC_ERROR_FILE``, and the process exits non-zero.

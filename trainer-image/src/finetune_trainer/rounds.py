@@ -131,7 +131,7 @@ def agent_class() -> type:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    class GangAgent(LocalElasticAgent):  # type: ignore[misc]
+    class GangAgent(LocalElasticAgent):
         _round = 0
         _stopped_round = -1
 
@@ -142,7 +142,7 @@ def agent_class() -> type:
             return int(wg.group_world_size or 1)
 
         def _monitor_workers(self, wg: WorkerGroup) -> RunResult:
-            result = super()._monitor_workers(wg)
+            result: RunResult = super()._monitor_workers(wg)
             store = wg.store
             if store is None or self._nnodes(wg) < 1:
                 return result
@@ -185,6 +185,7 @@ def agent_class() -> type:
             noticed = time.time()
             self._stop_now(wg)
             store, nnodes = wg.store, self._nnodes(wg)
+            assert store is not None
             started = time.monotonic()
             try:
                 if store.add(self._key("stopped"), 1) >= nnodes:
@@ -220,10 +221,10 @@ def agent_class() -> type:
                 self._stopped_round = self._round
                 self._shutdown(death_sig=signal.SIGKILL, timeout=5)
 
-        def _stop_workers(self, wg: WorkerGroup, *args: Any, **kwargs: Any) -> None:
-            if self._stopped_round == self._round - 1 and wg.state != WorkerState.SUCCEEDED:
+        def _stop_workers(self, worker_group: WorkerGroup) -> None:
+            if self._stopped_round == self._round - 1 and worker_group.state != WorkerState.SUCCEEDED:
                 return  # stopped already, by _join, before the round moved on
-            super()._stop_workers(wg, *args, **kwargs)
+            super()._stop_workers(worker_group)
 
     return GangAgent
 

@@ -27,8 +27,8 @@ from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnos
 from finetune_trainer.callbacks import CheckpointCallback, RunComplete, StopFlag
 from finetune_trainer.config import Config, load_config, model_head
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
-from finetune_trainer.rounds import CAUSE_ENV
 from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics, peak_flops
+from finetune_trainer.rounds import CAUSE_ENV
 
 log = logging.getLogger("finetune_trainer.worker")
 
