@@ -485,12 +485,17 @@ def _count_in_place(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | No
     st.restarts_in_place += new
     p.plan.restarts_in_place += new
     resume = before.last_checkpoint_step or 0
-    st.progress = replace(
+    total = before.total_steps
+    st.progress = replace(  # the round resumed from the newest checkpoint: the job stands there until it reports
         before,
         restarts_in_place=reported,
         steps_lost_to_restarts=(before.steps_lost_to_restarts or 0) + lost,
+        step=resume,
+        step_of_total=f"{resume}/{total}" if total else None,
         samples_per_second=None,
         tokens_per_second=None,
+        eta_seconds=None,
+        eta=None,
         update_time=p.now,
     )
     message = (

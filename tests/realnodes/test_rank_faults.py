@@ -4,10 +4,10 @@ mid-training. The signals go to the worker inside its container through ``kubect
 cut is a firewall rule between the node bridges (``NodeCluster.partition``). Nothing is mocked.
 
 Invariants: attempts never overlap (tests/faults/harness.PodWatch), every injected fault is one counted gang restart
-and nothing more, each attempt resumes from a complete checkpoint (a multiple of the interval), no restart throws away
-more than one checkpoint interval of steps, the job trains to its last step and succeeds. Figures (time to detect,
-restart gap, recovery, steps lost) print as one JSON line per scenario and go to $FAULTS_REPORT when set;
-FAULTS_RANK_KILLS sets the number of kills (2 in CI, 20 in ``make soak``).
+(in place while both pods are there) and nothing more, each attempt or round resumes from a complete checkpoint (a
+multiple of the interval), no restart throws away more than one checkpoint interval of steps, the job trains to its
+last step and succeeds. Figures (time to detect, restart gap, recovery, steps lost) print as one JSON line per
+scenario and go to $FAULTS_REPORT when set; FAULTS_RANK_KILLS sets the number of kills (2 in CI, 20 in ``make soak``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ from kubernetes import client
 
 from tests.faults.harness import Observed, PodWatch
 from tests.realnodes.conftest import RealCluster, diagnostics, job_status
-from tests.realnodes.jobs import SPREAD, long_tiny, node_of, report, signal_worker, training, wait_terminal
+from tests.realnodes.jobs import (
+    SPREAD,
+    event_reasons,
+    long_tiny,
+    node_of,
+    report,
+    signal_worker,
+    training,
+    wait_terminal,
+)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.faults]
@@ -42,22 +51,23 @@ def _pct(values: list[float]) -> dict[str, float]:
     }
 
 
-def _recover(rc: RealCluster, ns: str, job: str, attempt: int, t0: float) -> tuple[float, float, int, dict[str, Any]]:
-    """Seconds from ``t0`` until the operator restarted the gang (the next attempt requested) and until that attempt
-    trains past the checkpoint it resumed from; that checkpoint's step; the status then."""
-    restarted = wait_for(
-        lambda: (st := job_status(rc, ns, job)).get("attempt", 0) > attempt and st,
+def _recover_in_place(rc: RealCluster, ns: str, job: str, restarts: int, t0: float) -> tuple[float, float, int, dict]:
+    """Seconds from ``t0`` until the operator counted the restart the trainer made in place (``restarts`` in all)
+    and until the round trains past the checkpoint it resumed from; that checkpoint's step; the status then."""
+    counted = wait_for(
+        lambda: (st := job_status(rc, ns, job)).get("restarts", 0) >= restarts and st,
         timeout=240,
-        what="the gang restart",
+        what="the restart in place",
         interval=0.25,
     )
     detect = time.monotonic() - t0
-    resume = int((restarted.get("progress") or {}).get("step") or 0)  # the job stands at its newest checkpoint
+    attempt = int(counted.get("attempt") or 0)
+    resume = int((counted.get("progress") or {}).get("step") or 0)  # the job stands at its newest checkpoint
     st = wait_for(
-        lambda: training(rc, ns, job, attempt + 1, resume),
+        lambda: training(rc, ns, job, attempt, resume),
         timeout=TIMEOUT,
-        what=f"attempt {attempt + 1} training",
-        interval=0.5,
+        what=f"the round of attempt {attempt} training",
+        interval=0.25,
     )
     return detect, time.monotonic() - t0, resume, st
 
@@ -70,9 +80,12 @@ def _on_two_nodes(rc: RealCluster, ns: str, job: str) -> None:
 def test_rank_sigkill_at_random_steps(
     real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient
 ) -> None:
+    """A rank's worker SIGKILLed at random steps while both pods stay: every kill is one restart in place (the
+    trainer's agents fork every rank again in its pod), counted against maxRestarts like the operator's own, and no
+    pod is created again."""
     rc, rng = real_cluster, random.Random(SEED)
-    # Each attempt adds at most two intervals before its kill, so the job outlives them; the spare steps keep the
-    # last attempt training for a while after the last kill.
+    # Each round adds at most two intervals before its kill, so the job outlives them; the spare steps keep the
+    # last round training for a while after the last kill.
     max_steps = 40 * KILLS + 120
     out = long_tiny(
         rc, namespace, "kills", steps=max_steps, interval=INTERVAL, maxRestarts=KILLS, terminationGracePeriodSeconds=5
@@ -80,25 +93,24 @@ def test_rank_sigkill_at_random_steps(
     seen = Observed()
     podwatch = PodWatch(api_client, namespace, seen)
     podwatch.start()
-    detect, recover, gaps, lost, resumed = [], [], [], [], []
+    detect, recover, lost, resumed = [], [], [], []
     try:
         resume = 0
-        for attempt in range(KILLS):
-            target = resume + rng.randint(1, INTERVAL + 5)  # a random step of this attempt, before or after a save
+        for kill in range(KILLS):
+            target = resume + rng.randint(1, INTERVAL + 5)  # a random step of this round, before or after a save
             wait_for(
-                lambda a=attempt, t=target: training(rc, namespace, "kills", a, t),
+                lambda t=target: training(rc, namespace, "kills", 0, t),
                 timeout=TIMEOUT,
-                what=f"attempt {attempt} past step {target}",
+                what=f"round {kill} past step {target}",
                 interval=0.25,
             )
             rank = rng.randrange(2)
             lost_before = (job_status(rc, namespace, "kills").get("progress") or {}).get("stepsLostToRestarts") or 0
             t0 = time.monotonic()
             signal_worker(rc, namespace, f"kills-node-{rank}", "SIGKILL")
-            d, r, resume, st = _recover(rc, namespace, "kills", attempt, t0)
+            d, r, resume, st = _recover_in_place(rc, namespace, "kills", kill + 1, t0)
             detect.append(d)
             recover.append(r)
-            gaps.append(st.get("lastRestartGapSeconds") or 0.0)
             lost.append(((st.get("progress") or {}).get("stepsLostToRestarts") or 0) - lost_before)
             resumed.append(resume)
         st = wait_terminal(rc, namespace, "kills")
@@ -106,8 +118,9 @@ def test_rank_sigkill_at_random_steps(
         podwatch.stop.set()
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     result = json.loads((out / "result.json").read_text())
+    rounds = [a for a in result["attempts"] if a.get("round")]
     figures = {
-        "scenario": "rank SIGKILL at random steps (real nodes)",
+        "scenario": "rank SIGKILL at random steps, restarted in place (real nodes)",
         "seed": SEED,
         "kills": KILLS,
         "max_steps": max_steps,
@@ -117,29 +130,33 @@ def test_rank_sigkill_at_random_steps(
         + sum(s > INTERVAL for s in lost)
         + sum(r % INTERVAL != 0 for r in resumed),
         "time_to_detect_s": _pct(detect),
-        "restart_gap_s": _pct(gaps),
         "recovery_s": _pct(recover),
         "steps_lost_per_restart": {"max": max(lost), "total": sum(lost)},
         "pods_created": seen.pods_created["kills"],
     }
     report("rank-kills", figures)
     assert seen.overlaps == [], seen.overlaps
-    assert st["restarts"] == KILLS, st
+    assert (st["restarts"], st.get("restartsInPlace"), st["attempt"]) == (KILLS, KILLS, 0), st
+    assert seen.pods_created["kills"] == 2  # the pods stayed: each rank created once
     assert result["steps"] == max_steps, result
-    assert all(r % INTERVAL == 0 for r in resumed), resumed  # every attempt resumed from a complete checkpoint
-    # the trainer's own word on the last attempt: it resumed from a checkpoint at least as new as the operator saw
-    assert result["resumed_from_step"] % INTERVAL == 0 and result["resumed_from_step"] >= resumed[-1], result
+    assert [a["round"] for a in rounds] == list(range(1, KILLS + 1)), result["attempts"]
+    # the trainer's own word: each round resumed from a complete checkpoint at least as new as the operator saw
+    assert all(a["resumed_from_step"] % INTERVAL == 0 for a in rounds), rounds
+    assert all(a["resumed_from_step"] >= seen_at for a, seen_at in zip(rounds, resumed, strict=True)), (rounds, resumed)
+    assert all("SIGKILL" in a["restart_cause"] for a in rounds), rounds
     assert max(lost) <= INTERVAL, lost  # a restart throws away at most one checkpoint interval
-    assert seen.pods_created["kills"] == 2 * (KILLS + 1)  # each rank once per attempt
+    assert "RestartedInPlace" in event_reasons(rc, namespace, "kills")
 
 
 def test_frozen_rank_and_partitioned_nodes(
     real_cluster: RealCluster, chart_operator: str, namespace: str, api_client: client.ApiClient
 ) -> None:
-    """Rank 1's worker frozen (SIGSTOP), then, in the next attempt, the nodes' pod networks cut apart: rank 0 blocks
-    in a collective until spec.training.extraArgs.ddp_timeout, fails, and the operator restarts the gang (the frozen
-    or cut-off pod is stopped with the short failure grace, then killed); the job resumes from its newest
-    checkpoint. The cut heals once the operator has asked for the next attempt."""
+    """Rank 1's worker frozen (SIGSTOP): rank 0 blocks in a collective until spec.training.extraArgs.ddp_timeout and
+    fails; both pods are there, so the agents restart every rank in place (the frozen worker is killed). Then the
+    nodes' pod networks are cut apart: rank 0 fails the same way, but rank 1's agent cannot be reached, so the restart
+    in place is abandoned and the operator recreates the gang (the cut-off pod is stopped with the short failure
+    grace, then killed). Each time the job resumes from its newest checkpoint. The cut heals once the operator has
+    asked for the next attempt."""
     rc = real_cluster
     out = long_tiny(
         rc,
@@ -165,7 +182,8 @@ def test_frozen_rank_and_partitioned_nodes(
         )
         t0 = time.monotonic()
         signal_worker(rc, namespace, "frozen-node-1", "SIGSTOP")
-        d, r, _, st = _recover(rc, namespace, "frozen", 0, t0)
+        d, r, _, st = _recover_in_place(rc, namespace, "frozen", 1, t0)
+        assert (st["attempt"], st.get("restartsInPlace")) == (0, 1), st
         figures["frozen"] = {
             "time_to_detect_s": round(d, 2),
             "recovery_s": round(r, 2),
@@ -175,7 +193,7 @@ def test_frozen_rank_and_partitioned_nodes(
         t0 = time.monotonic()
         with rc.nodes.partition(0, 1):
             restarted = wait_for(
-                lambda: (s := job_status(rc, namespace, "frozen")).get("attempt") == 2 and s,
+                lambda: (s := job_status(rc, namespace, "frozen")).get("attempt") == 1 and s,
                 timeout=240,
                 what="the gang restart of the partitioned attempt",
                 interval=0.25,
@@ -183,9 +201,9 @@ def test_frozen_rank_and_partitioned_nodes(
         d = time.monotonic() - t0
         resume = int((restarted.get("progress") or {}).get("step") or 0)
         st = wait_for(
-            lambda: training(rc, namespace, "frozen", 2, resume),
+            lambda: training(rc, namespace, "frozen", 1, resume),
             timeout=TIMEOUT,
-            what="attempt 2 training",
+            what="attempt 1 training",
             interval=0.5,
         )
         figures["partitioned"] = {
@@ -206,7 +224,10 @@ def test_frozen_rank_and_partitioned_nodes(
         },
     )
     assert seen.overlaps == [], seen.overlaps
-    assert st["state"] == "Succeeded" and st["restarts"] == 2, (st, diagnostics(rc, namespace))
+    assert st["state"] == "Succeeded" and (st["restarts"], st.get("restartsInPlace")) == (2, 1), (
+        st,
+        diagnostics(rc, namespace),
+    )
     assert figures["frozen"]["reason"] == figures["partitioned"]["reason"] == "TrainingError", figures
     result = json.loads((out / "result.json").read_text())
     # rank 0 trained past the checkpoint at step 20 before the first fault: the last attempt resumed, not restarted

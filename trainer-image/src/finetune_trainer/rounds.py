@@ -159,8 +159,15 @@ def agent_class() -> type:
                     log.info("round %d failed; not restarting in place: %s", self._round, why)
                     self._remaining_restarts = 0
                     return result
-                store.set(self._key(f"cause/{wg.group_rank}"), cause[-2000:])
-                store.set(self._key("failed"), "1")
+                try:
+                    store.set(self._key(f"cause/{wg.group_rank}"), cause[-2000:])
+                    store.set(self._key("failed"), "1")
+                except Exception as e:  # rank 0's store unreachable (its node gone, the network cut): not in place
+                    log.warning(
+                        "round %d failed; not restarting in place: the store is unreachable (%s)", self._round, e
+                    )
+                    self._remaining_restarts = 0
+                    return result
                 if not self._join(wg, cause):
                     self._remaining_restarts = 0
                 return result
@@ -194,11 +201,14 @@ def agent_class() -> type:
             except Exception as e:  # a timeout, or rank 0's store gone
                 log.warning("round %d: not every node joined the restart in place (%s)", self._round, e)
                 return False
-            causes = [
-                store.get(self._key(f"cause/{n}")).decode(errors="replace")
-                for n in range(nnodes)
-                if store.check([self._key(f"cause/{n}")])
-            ]
+            try:
+                causes = [
+                    store.get(self._key(f"cause/{n}")).decode(errors="replace")
+                    for n in range(nnodes)
+                    if store.check([self._key(f"cause/{n}")])
+                ]
+            except Exception:
+                causes = []
             cause = root_cause(causes) or cause
             self._round += 1
             record_rounds(self._round, cause)
