@@ -13,11 +13,12 @@ What each rank logged is read from the copy on the output claim (the pods of att
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from tests.realnodes.conftest import RealCluster, diagnostics
-from tests.realnodes.jobs import STEPS, TIMEOUT, complete_checkpoints, long_tiny, sigterm_steps, wait_terminal
+from tests.realnodes.conftest import RealCluster, diagnostics, job_status
+from tests.realnodes.jobs import STEPS, TIMEOUT, complete_checkpoints, long_tiny, report, sigterm_steps, wait_terminal
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.realnodes
@@ -29,6 +30,7 @@ def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resum
     rc = real_cluster
     out = long_tiny(rc, namespace, "drained", terminationGracePeriodSeconds=60, maxRestarts=0)
     first = wait_for(lambda: complete_checkpoints(out), timeout=TIMEOUT, what="a complete checkpoint", interval=0.5)[-1]
+    t0 = time.monotonic()
     rc.kubectl(
         "create",
         "-f",
@@ -45,6 +47,14 @@ def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resum
     )
     assert not (out / "result.json").exists(), "training finished before the eviction"
 
+    def stepping_again() -> bool:  # the recreated gang past the step it resumed from (or already done)
+        st = job_status(rc, namespace, "drained")
+        resumed = (st.get("progress") or {}).get("lastCheckpointStep") or 0
+        moving = st.get("state") == "Running" and ((st.get("progress") or {}).get("step") or 0) > resumed
+        return st.get("attempt") == 1 and (moving or st.get("state") == "Succeeded")
+
+    wait_for(stepping_again, timeout=TIMEOUT, what="attempt 1 stepping", interval=0.25)
+    recovered = time.monotonic() - t0
     st = wait_terminal(rc, namespace, "drained")
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     assert (st["restarts"], st["disruptions"]) == (0, 1), st
@@ -55,6 +65,15 @@ def test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resum
     result = json.loads((out / "result.json").read_text())
     assert step >= first and result["resumed_from_step"] == step, (step, result)
     assert result["steps"] == STEPS
+    report(
+        "eviction-real",
+        {
+            "scenario": "a pod evicted (real nodes): SIGTERM, an agreed checkpoint, the gang recreated",
+            "recovered_after_s": round(recovered, 1),
+            "steps_lost": 0 if result["resumed_from_step"] == step else None,
+            "agreed_stop_step": step,
+        },
+    )
 
 
 def test_a_missing_dataset_fails_at_once_with_config_error_from_the_termination_message(
