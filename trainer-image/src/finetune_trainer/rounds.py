@@ -134,18 +134,32 @@ def agent_class() -> type:
     class GangAgent(LocalElasticAgent):
         _round = 0
         _stopped_round = -1
+        _rounds_store: Any = None  # our own client of node rank 0's store, with a short timeout
 
         def _key(self, what: str) -> str:
             return f"finetune/round/{self._round}/{what}"
+
+        def _coordination(self, wg: WorkerGroup) -> Any:
+            """A client of the rendezvous store of our own, whose every operation gives up after ``JOIN_SECONDS``:
+            torch's client waits up to the rendezvous timeout (300 s), which a node lost without a word (its
+            packets dropped) would cost the agents that survive it, before the operator could recreate the gang."""
+            if self._rounds_store is None:
+                import torch.distributed as dist
+
+                self._rounds_store = dist.TCPStore(
+                    str(wg.master_addr),
+                    int(wg.master_port or 0),
+                    is_master=False,
+                    timeout=_timedelta(join_seconds()),
+                    wait_for_workers=False,
+                )
+            return self._rounds_store
 
         def _nnodes(self, wg: WorkerGroup) -> int:
             return int(wg.group_world_size or 1)
 
         def _monitor_workers(self, wg: WorkerGroup) -> RunResult:
             result: RunResult = super()._monitor_workers(wg)
-            store = wg.store
-            if store is None or self._nnodes(wg) < 1:
-                return result
             if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
                 failures = list((result.failures or {}).values())
                 messages = [failure_message(f) for f in failures]
@@ -160,6 +174,7 @@ def agent_class() -> type:
                     self._remaining_restarts = 0
                     return result
                 try:
+                    store = self._coordination(wg)
                     store.set(self._key(f"cause/{wg.group_rank}"), cause[-2000:])
                     store.set(self._key("failed"), "1")
                 except Exception as e:  # rank 0's store unreachable (its node gone, the network cut): not in place
@@ -173,7 +188,7 @@ def agent_class() -> type:
                 return result
             if result.state == WorkerState.HEALTHY and self._remaining_restarts > 0:
                 try:
-                    failed = store.check([self._key("failed")])
+                    failed = self._coordination(wg).check([self._key("failed")])
                 except Exception:  # rank 0's store gone: its node is; the workers' collectives fail on their own
                     return result
                 if failed and not stopping():
@@ -191,8 +206,7 @@ def agent_class() -> type:
             """Stop this node's workers and wait for every node's agent to have done the same. Whether all did."""
             noticed = time.time()
             self._stop_now(wg)
-            store, nnodes = wg.store, self._nnodes(wg)
-            assert store is not None
+            store, nnodes = self._coordination(wg), self._nnodes(wg)
             started = time.monotonic()
             try:
                 if store.add(self._key("stopped"), 1) >= nnodes:
