@@ -80,8 +80,8 @@ def rows(figures: dict[str, dict]) -> list[tuple[str, str, str, str]]:
             (
                 "elastic: a node lost, then back",
                 "shrink to 1 node, grow back to 2",
-                f"shrink {el['node_lost_to_training_smaller_s']} s, grow {el['capacity_back_to_training_full_size_s']} s"
-                " (from the node's return)",
+                f"shrink {el['node_lost_to_training_smaller_s']} s, "
+                f"grow {el['capacity_back_to_training_full_size_s']} s (from the node's return)",
                 f"shrink ≥ {el['steps_lost_shrink_at_least']}, grow {el['steps_lost_grow']}",
             )
         )

@@ -144,9 +144,9 @@ def agent_class() -> type:
             torch's client waits up to the rendezvous timeout (300 s), which a node lost without a word (its
             packets dropped) would cost the agents that survive it, before the operator could recreate the gang."""
             if self._rounds_store is None:
-                import torch.distributed as dist
+                from torch._C._distributed_c10d import TCPStore
 
-                self._rounds_store = dist.TCPStore(
+                self._rounds_store = TCPStore(
                     str(wg.master_addr),
                     int(wg.master_port or 0),
                     is_master=False,
