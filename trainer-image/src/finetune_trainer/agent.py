@@ -60,12 +60,44 @@ def _validate() -> None:
             f.write(json.dumps(verdict) + "\n")  # a launcher that gave up first has closed its end
 
 
+def defer_import(name: str) -> bool:
+    """Make ``import name`` cheap: the module runs on its first attribute read (``importlib.util.LazyLoader``), in
+    whichever process reads it. Whether it was deferred (False: not installed, or imported already)."""
+    import importlib.util
+
+    if name in sys.modules:
+        return False
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return False
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return True
+
+
+def _without_lora() -> bool:
+    """The job trains no adapter, so nothing of it needs bitsandbytes (an unreadable config: assume it may)."""
+    try:
+        from finetune_trainer.config import load_config
+
+        return load_config().training.lora is None
+    except Exception:
+        return False
+
+
 def main() -> int:
     started = time.time()
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("PET_NPROC_PER_NODE") or 1) > 1:
         # torchrun's default for several processes a node; torch reads it once, at import, so it is set before
         os.environ["OMP_NUM_THREADS"] = "1"
+    if _without_lora():
+        # peft imports bitsandbytes as it is imported (1.5 s of CPU, torch's inductor with it; on a GPU it may also
+        # initialise CUDA, which would make the workers spawned): a job without adapters never reads it
+        defer_import("bitsandbytes")
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from finetune_trainer import worker  # the whole training stack, once
