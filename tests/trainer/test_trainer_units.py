@@ -1022,3 +1022,25 @@ def test_what_is_never_restarted_in_place() -> None:
     assert rounds.root_cause([peer, root]) == root and rounds.root_cause([peer]) == peer
     assert rounds.budget({"FINETUNE_RESTARTS_IN_PLACE": "2"}) == 2
     assert rounds.budget({"FINETUNE_RESTARTS_IN_PLACE": "x"}) == rounds.budget({}) == 0
+
+
+def test_a_job_without_adapters_never_runs_bitsandbytes_in_the_agent() -> None:
+    """peft imports bitsandbytes as it loads (with torch's inductor: over a second of the agent's start-up, and on a
+    GPU possibly CUDA's initialisation, which would make the workers spawned). While the agent imports the stack a
+    stand-in answers; afterwards the real module loads whole for whoever imports it (a worker that needs it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util, sys\n"
+        "from finetune_trainer.agent import stand_in\n"
+        "with stand_in('bitsandbytes') as stood:\n"
+        "    from finetune_trainer import worker\n"
+        "    assert stood and importlib.util.find_spec('bitsandbytes') is not None\n"
+        "assert 'bitsandbytes.backends.default.ops' not in sys.modules and 'bitsandbytes' not in sys.modules\n"
+        "import bitsandbytes\n"
+        "assert bitsandbytes.nn.Linear4bit\n"
+        "assert 'bitsandbytes.functional' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -27,10 +27,13 @@ Failures reach the launcher as with torchrun: ``@record`` copies the failed work
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
 import time
+import types
+from collections.abc import Iterator
 
 
 def start_method() -> str:
@@ -60,22 +63,26 @@ def _validate() -> None:
             f.write(json.dumps(verdict) + "\n")  # a launcher that gave up first has closed its end
 
 
-def defer_import(name: str) -> bool:
-    """Make ``import name`` cheap: the module runs on its first attribute read (``importlib.util.LazyLoader``), in
-    whichever process reads it. Whether it was deferred (False: not installed, or imported already)."""
-    import importlib.util
+@contextlib.contextmanager
+def stand_in(name: str) -> Iterator[bool]:
+    """While the block runs, ``import name`` gives an empty stand-in module (with the real module's spec, so checks
+    of what is installed still find it) instead of running the module; afterwards the next ``import name`` (a worker
+    that needs it) loads the real one. Yields whether it stood in (False: not installed, or imported already).
 
-    if name in sys.modules:
-        return False
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        return False
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return True
+    A lazy module (``importlib.util.LazyLoader``) would not do: anything that scans ``sys.modules`` (``inspect``,
+    which torch's own import calls) reads it, and loading it then, half-way through torch's import, fails."""
+    spec = importlib.util.find_spec(name) if name not in sys.modules else None
+    if spec is None:
+        yield False
+        return
+    stub = types.ModuleType(name)
+    stub.__spec__ = spec
+    sys.modules[name] = stub
+    try:
+        yield True
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
 
 
 def _without_lora() -> bool:
@@ -94,13 +101,12 @@ def main() -> int:
     if "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("PET_NPROC_PER_NODE") or 1) > 1:
         # torchrun's default for several processes a node; torch reads it once, at import, so it is set before
         os.environ["OMP_NUM_THREADS"] = "1"
-    if _without_lora():
-        # peft imports bitsandbytes as it is imported (1.5 s of CPU, torch's inductor with it; on a GPU it may also
-        # initialise CUDA, which would make the workers spawned): a job without adapters never reads it
-        defer_import("bitsandbytes")
-    from torch.distributed.elastic.multiprocessing.errors import record
+    # peft imports bitsandbytes as it is imported (1.2-1.5 s of CPU, torch's inductor with it; on a GPU it may also
+    # initialise CUDA, which would make the workers spawned): a job without adapters never uses it
+    with stand_in("bitsandbytes") if _without_lora() else contextlib.nullcontext():
+        from torch.distributed.elastic.multiprocessing.errors import record
 
-    from finetune_trainer import worker  # the whole training stack, once
+        from finetune_trainer import worker  # the whole training stack, once
 
     imported = time.time() - started
     _validate()
