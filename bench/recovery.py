@@ -7,7 +7,9 @@ chart-installed operator (the images built from the Dockerfiles, real kubelets o
 - a pod evicted (the Eviction API, as ``kubectl drain`` does): SIGTERM, an agreed checkpoint, the gang recreated;
 - a node lost (its kubelet and containers killed): the node controller marks it, the pod is force-deleted, the gang
   recreated on the node left;
-- an elastic job's node lost and back: it shrinks to one node, then grows back to two.
+- an elastic job's node lost and back: it shrinks to one node, then grows back to two;
+- a rank frozen (SIGSTOP), then the nodes' network cut: the peers' collectives time out (``ddp_timeout``); in place
+  the first time, the gang recreated the second (rank 0's store cannot be reached).
 
 Each scenario writes its figures (``$FAULTS_REPORT``); this script runs them in one pytest session (one cluster, one
 operator) and prints one table. "Recovered" is read from the job's status as the operator reports it (a rank 0 scrape
@@ -34,6 +36,7 @@ SCENARIOS = {
         "tests/realnodes/test_faults.py::"
         "test_an_eviction_stops_the_gang_on_sigterm_at_an_agreed_checkpoint_and_resumes_from_it"
     ),
+    "frozen-partitioned": "tests/realnodes/test_rank_faults.py::test_frozen_rank_and_partitioned_nodes",
     "node-lost-real": "tests/realnodes/test_node_loss.py",
     "elastic-real-ddp-lora": (
         "tests/realnodes/test_elastic.py::"
@@ -57,6 +60,16 @@ def rows(figures: dict[str, dict]) -> list[tuple[str, str, str, str]]:
                 f"(interval {k['checkpoint_interval']})",
             )
         )
+    if f := figures.get("frozen-partitioned"):
+        timeout = f["ddp_timeout_s"]
+        for key, fault, how in (
+            ("frozen", "a rank frozen (SIGSTOP)", f"peers time out ({timeout} s), in place"),
+            ("partitioned", "the nodes' network cut", f"peers time out ({timeout} s), gang recreated"),
+        ):
+            if key in f:
+                out.append(
+                    (fault, how, f"{f[key]['recovery_s']} s (detected {f[key]['time_to_detect_s']} s)", "≤ interval")
+                )
     if e := figures.get("eviction-real"):
         out.append(
             (
