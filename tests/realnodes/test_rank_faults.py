@@ -53,7 +53,8 @@ def _pct(values: list[float]) -> dict[str, float]:
 
 def _recover_in_place(rc: RealCluster, ns: str, job: str, restarts: int, t0: float) -> tuple[float, float, int, dict]:
     """Seconds from ``t0`` until the operator counted the restart the trainer made in place (``restarts`` in all)
-    and until the round trains past the checkpoint it resumed from; that checkpoint's step; the status then."""
+    and until the round trains past the newest checkpoint the operator knew of then (the one it resumed from, or a
+    newer one); that checkpoint's step; the status then."""
     counted = wait_for(
         lambda: (st := job_status(rc, ns, job)).get("restarts", 0) >= restarts and st,
         timeout=240,
@@ -62,7 +63,7 @@ def _recover_in_place(rc: RealCluster, ns: str, job: str, restarts: int, t0: flo
     )
     detect = time.monotonic() - t0
     attempt = int(counted.get("attempt") or 0)
-    resume = int((counted.get("progress") or {}).get("step") or 0)  # the job stands at its newest checkpoint
+    resume = int((counted.get("progress") or {}).get("lastCheckpointStep") or 0)
     st = wait_for(
         lambda: training(rc, ns, job, attempt, resume),
         timeout=TIMEOUT,
@@ -93,7 +94,7 @@ def test_rank_sigkill_at_random_steps(
     seen = Observed()
     podwatch = PodWatch(api_client, namespace, seen)
     podwatch.start()
-    detect, recover, lost, resumed = [], [], [], []
+    detect, recover, lost = [], [], []
     try:
         resume = 0
         for kill in range(KILLS):
@@ -112,13 +113,13 @@ def test_rank_sigkill_at_random_steps(
             detect.append(d)
             recover.append(r)
             lost.append(((st.get("progress") or {}).get("stepsLostToRestarts") or 0) - lost_before)
-            resumed.append(resume)
         st = wait_terminal(rc, namespace, "kills")
     finally:
         podwatch.stop.set()
     assert st["state"] == "Succeeded", (st, diagnostics(rc, namespace))
     result = json.loads((out / "result.json").read_text())
     rounds = [a for a in result["attempts"] if a.get("round")]
+    resumed = [a["resumed_from_step"] for a in rounds]  # the trainer's own word
     figures = {
         "scenario": "rank SIGKILL at random steps, restarted in place (real nodes)",
         "seed": SEED,
@@ -128,9 +129,13 @@ def test_rank_sigkill_at_random_steps(
         "violations": len(seen.overlaps)
         + (st.get("restarts") != KILLS)
         + sum(s > INTERVAL for s in lost)
-        + sum(r % INTERVAL != 0 for r in resumed),
+        + sum(r % INTERVAL != 0 for r in resumed)
+        + (len(resumed) != KILLS),
         "time_to_detect_s": _pct(detect),
         "recovery_s": _pct(recover),
+        # the last round's own time from the failure to its first step (its end record; the killed rounds have none)
+        "round_first_step_s": rounds[-1].get("time_to_first_step_seconds") if rounds else None,
+        "resumed_from": resumed,
         "steps_lost_per_restart": {"max": max(lost), "total": sum(lost)},
         "pods_created": seen.pods_created["kills"],
     }
@@ -140,9 +145,8 @@ def test_rank_sigkill_at_random_steps(
     assert seen.pods_created["kills"] == 2  # the pods stayed: each rank created once
     assert result["steps"] == max_steps, result
     assert [a["round"] for a in rounds] == list(range(1, KILLS + 1)), result["attempts"]
-    # the trainer's own word: each round resumed from a complete checkpoint at least as new as the operator saw
-    assert all(a["resumed_from_step"] % INTERVAL == 0 for a in rounds), rounds
-    assert all(a["resumed_from_step"] >= seen_at for a, seen_at in zip(rounds, resumed, strict=True)), (rounds, resumed)
+    # the trainer's own word: each round resumed from a complete checkpoint (a multiple of the interval)
+    assert all(r % INTERVAL == 0 for r in resumed), rounds
     assert all("SIGKILL" in a["restart_cause"] for a in rounds), rounds
     assert max(lost) <= INTERVAL, lost  # a restart throws away at most one checkpoint interval
     assert "RestartedInPlace" in event_reasons(rc, namespace, "kills")

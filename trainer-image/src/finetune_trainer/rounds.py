@@ -24,6 +24,7 @@ static rendezvous's store outlives the round, and the keys of the round before w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ ROUNDS_FILE_ENV = "FINETUNE_ROUNDS_FILE"  # where the agent tells its launcher w
 STOPPING_ENV = "FINETUNE_STOPPING_FILE"  # the launcher's mark that it got SIGTERM: no round after that
 CAUSE_ENV = "FINETUNE_RESTART_CAUSE"  # the failure a round started after, for its workers' records
 JOIN_SECONDS_ENV = "FINETUNE_IN_PLACE_JOIN_SECONDS"
-JOIN_SECONDS = 30.0
+JOIN_SECONDS = 15.0
 EXIT_STOPPED = errors.EXIT_TERMINATED
 # what a rank says when a peer died under it (gloo's TCP pair, NCCL): the peer's own failure is the cause to report
 PEER_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "ncclRemoteError")
@@ -133,7 +134,7 @@ def agent_class() -> type:
 
     class GangAgent(LocalElasticAgent):
         _round = 0
-        _stopped_round = -1
+        _stopped_for_restart = False  # _join stopped the workers: torch's restart need not stop them again
         _rounds_store: Any = None  # our own client of node rank 0's store, with a short timeout
 
         def _key(self, what: str) -> str:
@@ -171,7 +172,7 @@ def agent_class() -> type:
                 cause = where + (messages[0] if messages else "a worker failed")
                 if why is not None:
                     log.info("round %d failed; not restarting in place: %s", self._round, why)
-                    self._remaining_restarts = 0
+                    self._abandon(wg)
                     return result
                 try:
                     store = self._coordination(wg)
@@ -184,7 +185,7 @@ def agent_class() -> type:
                     self._remaining_restarts = 0
                     return result
                 if not self._join(wg, cause):
-                    self._remaining_restarts = 0
+                    self._abandon(wg)
                 return result
             if result.state == WorkerState.HEALTHY and self._remaining_restarts > 0:
                 try:
@@ -196,11 +197,19 @@ def agent_class() -> type:
                     log.info("another node's workers failed in round %d: restarting in place", self._round)
                     if not self._join(wg, cause):
                         raise RuntimeError(
-                            f"the gang's restart in place was abandoned: not every node joined in {join_seconds():.0f}s"
-                            f" (a pod or node gone; the gang is recreated); it restarted after: {cause}"
+                            "the gang's restart in place was given up (another node's failure would repeat, or a "
+                            f"node did not join in {join_seconds():.0f}s: a pod or node gone); the operator recreates "
+                            "the gang"
                         )
                     return RunResult(state=WorkerState.FAILED)
             return result
+
+        def _abandon(self, wg: WorkerGroup) -> None:
+            """No restart in place after this failure: this node's agent exits with it, and tells the others so that
+            they stop waiting for it (best effort: the store may be what failed)."""
+            self._remaining_restarts = 0
+            with contextlib.suppress(Exception):
+                self._coordination(wg).set(self._key("abandoned"), "1")
 
         def _join(self, wg: WorkerGroup, cause: str) -> bool:
             """Stop this node's workers and wait for every node's agent to have done the same. Whether all did."""
@@ -208,12 +217,18 @@ def agent_class() -> type:
             self._stop_now(wg)
             store, nnodes = self._coordination(wg), self._nnodes(wg)
             started = time.monotonic()
+            deadline = started + join_seconds()
             try:
                 if store.add(self._key("stopped"), 1) >= nnodes:
                     store.set(self._key("go"), "1")
-                store.wait([self._key("go")], _timedelta(join_seconds()))
-            except Exception as e:  # a timeout, or rank 0's store gone
-                log.warning("round %d: not every node joined the restart in place (%s)", self._round, e)
+                while not store.check([self._key("go")]):
+                    if store.check([self._key("abandoned")]):
+                        raise RuntimeError("another node's agent gave the restart in place up")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"not every node's agent joined in {join_seconds():.0f}s")
+                    time.sleep(0.05)
+            except Exception as e:  # a timeout, an abandoned round, or rank 0's store gone
+                log.warning("round %d: no restart in place (%s)", self._round, e)
                 return False
             try:
                 causes = [
@@ -241,13 +256,13 @@ def agent_class() -> type:
         def _stop_now(self, wg: WorkerGroup) -> None:
             """SIGKILL: the round is over, and a worker's SIGTERM handler would try to agree on a checkpoint with a
             dead rank."""
-            if self._stopped_round != self._round:
-                self._stopped_round = self._round
-                self._shutdown(death_sig=signal.SIGKILL, timeout=5)
+            self._stopped_for_restart = True
+            self._shutdown(death_sig=signal.SIGKILL, timeout=5)
 
         def _stop_workers(self, worker_group: WorkerGroup) -> None:
-            if self._stopped_round == self._round - 1 and worker_group.state != WorkerState.SUCCEEDED:
-                return  # stopped already, by _join, before the round moved on
+            if self._stopped_for_restart:
+                self._stopped_for_restart = False
+                return  # stopped already, by _join
             super()._stop_workers(worker_group)
 
     return GangAgent
