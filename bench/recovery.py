@@ -95,7 +95,13 @@ def rows(figures: dict[str, dict]) -> list[tuple[str, str, str, str]]:
                 "shrink to 1 node, grow back to 2",
                 f"shrink {el['node_lost_to_training_smaller_s']} s, "
                 f"grow {el['capacity_back_to_training_full_size_s']} s (from the node's return)",
-                f"shrink ≥ {el['steps_lost_shrink_at_least']}, grow {el['steps_lost_grow']}",
+                # the shrink's lower bound is rank 0's last scraped step past the checkpoint, when a scrape saw one
+                (
+                    f"shrink ≥ {el['steps_lost_shrink_at_least']}"
+                    if el["steps_lost_shrink_at_least"] > 0
+                    else "shrink ≤ interval"
+                )
+                + f", grow {el['steps_lost_grow']}",
             )
         )
     return out
