@@ -485,19 +485,7 @@ def _count_in_place(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | No
     st.restarts_in_place += new
     p.plan.restarts_in_place += new
     resume = before.last_checkpoint_step or 0
-    total = before.total_steps
-    st.progress = replace(  # the round resumed from the newest checkpoint: the job stands there until it reports
-        before,
-        restarts_in_place=reported,
-        steps_lost_to_restarts=(before.steps_lost_to_restarts or 0) + lost,
-        step=resume,
-        step_of_total=f"{resume}/{total}" if total else None,
-        samples_per_second=None,
-        tokens_per_second=None,
-        eta_seconds=None,
-        eta=None,
-        update_time=p.now,
-    )
+    st.progress = replace(_restarted(before, lost, now=p.now), restarts_in_place=reported)
     message = (
         f"a rank's process failed in attempt {st.attempt}: every rank restarted in place, the pods kept (restart "
         f"{st.restarts}/{spec.max_restarts}); resumed from the newest checkpoint (step {resume} or later)"
@@ -871,22 +859,27 @@ def _close_attempt(p: _Pass, spec: JobSpec, *, restarted: bool) -> int:
             + attempt_gpu_seconds(seconds=lost / steps_per_second, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes),
             3,
         )
-    # The next attempt starts from the newest checkpoint: until its rank 0 reports, the job stands there (and a second
-    # restart before that report loses nothing more), with no rate or ETA.
-    resume = st.progress.last_checkpoint_step or 0
-    total = st.progress.total_steps
-    st.progress = replace(
-        st.progress,
-        steps_lost_to_restarts=(st.progress.steps_lost_to_restarts or 0) + lost,
+    st.progress = _restarted(st.progress, lost, now=p.now)
+    return lost
+
+
+def _restarted(progress: Progress, lost: int, *, now: datetime) -> Progress:
+    """The progress after a restart (of the gang, or in place) that threw ``lost`` steps away: the ranks start again
+    from the newest checkpoint, so until rank 0 reports the job stands there (and a second restart before that report
+    loses nothing more), with no rate or ETA."""
+    resume = progress.last_checkpoint_step or 0
+    total = progress.total_steps
+    return replace(
+        progress,
+        steps_lost_to_restarts=(progress.steps_lost_to_restarts or 0) + lost,
         step=resume,
         step_of_total=f"{resume}/{total}" if total else None,
         samples_per_second=None,
         tokens_per_second=None,
         eta_seconds=None,
         eta=None,
-        update_time=p.now,
+        update_time=now,
     )
-    return lost
 
 
 def _node_loss_pending(p: _Pass, spec: JobSpec, gang: Gang, failure: Failure) -> bool:
