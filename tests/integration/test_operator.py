@@ -79,6 +79,7 @@ def test_objects_and_env_contract(jobs, operator, namespace, nodes) -> None:  # 
             "FINETUNE_JOB_NAME": "ft",
             "FINETUNE_NAMESPACE": namespace,
             "FINETUNE_ATTEMPT": "0",
+            "FINETUNE_RESTARTS_IN_PLACE": "3",  # spec.maxRestarts' default, none used yet
             "FINETUNE_CONFIG": "/etc/finetune/config.json",
             "FINETUNE_CONFIG_SHA256": admitted.hexdigest(),
             "HF_HOME": "/tmp/huggingface",
@@ -166,6 +167,7 @@ def test_rank_failure_restarts_the_gang(jobs, operator, kubelet) -> None:  # typ
     pods = jobs.wait_pods("gang", 2, attempt=1)
     assert [p.metadata.name for p in pods] == ["gang-node-0", "gang-node-1"]
     assert {env_of(p)["FINETUNE_ATTEMPT"] for p in pods} == {"1"}
+    assert {env_of(p)["FINETUNE_RESTARTS_IN_PLACE"] for p in pods} == {"1"}  # 2 allowed, 1 used
     status = jobs.status("gang")
     assert status["restarts"] == 1 and status["attempt"] == 1
     assert status["failure"]["reason"] == "TrainingError" and status["failure"]["rank"] == 1
