@@ -104,29 +104,29 @@ def termination_text(message: str | None) -> str:
     return message.strip()[-800:]
 
 
+def _termination_record(pod: dict[str, Any]) -> dict[str, Any]:
+    """The finished trainer's termination message as the launcher writes it (a JSON object), or {}."""
+    term = (_container_status(pod).get("state") or {}).get("terminated") or {}
+    try:
+        data = json.loads(term.get("message") or "")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def completion_result(pod: dict[str, Any]) -> dict[str, Any] | None:
     """A succeeded trainer's summary of its run from its termination message (``{"reason": "Completed", "result":
     {...}}``: rank 0 writes the end of its curves from result.json), or None (another rank, an older image)."""
     if (pod.get("status") or {}).get("phase") != "Succeeded":
         return None
-    term = (_container_status(pod).get("state") or {}).get("terminated") or {}
-    try:
-        data = json.loads(term.get("message") or "")
-    except ValueError:
-        return None
-    result = data.get("result") if isinstance(data, dict) else None
+    result = _termination_record(pod).get("result")
     return result if isinstance(result, dict) else None
 
 
 def restarts_in_place(pod: dict[str, Any]) -> int:
     """The restarts of every rank in place a finished trainer's launcher reported (``restartsInPlace`` in its
     termination message): the rounds of the attempt, however many of them a scrape saw."""
-    term = (_container_status(pod).get("state") or {}).get("terminated") or {}
-    try:
-        data = json.loads(term.get("message") or "")
-    except ValueError:
-        return 0
-    value = data.get("restartsInPlace") if isinstance(data, dict) else None
+    value = _termination_record(pod).get("restartsInPlace")
     return value if isinstance(value, int) and 0 <= value < 2**31 else 0
 
 

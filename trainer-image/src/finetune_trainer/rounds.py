@@ -42,14 +42,8 @@ STOPPING_ENV = "FINETUNE_STOPPING_FILE"  # the launcher's mark that it got SIGTE
 CAUSE_ENV = "FINETUNE_RESTART_CAUSE"  # the failure a round started after, for its workers' records
 JOIN_SECONDS_ENV = "FINETUNE_IN_PLACE_JOIN_SECONDS"
 JOIN_SECONDS = 15.0
-EXIT_STOPPED = errors.EXIT_TERMINATED
 # what a rank says when a peer died under it (gloo's TCP pair, NCCL): the peer's own failure is the cause to report
 PEER_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "ncclRemoteError")
-_NEVER_IN_PLACE = (
-    errors.CONFIG_ERROR_PREFIX,
-    errors.CUDA_OOM_PREFIX,
-    errors.OUTPUT_FULL_PREFIX,
-)
 
 
 def budget(env: dict[str, str] | os._Environ[str] | None = None) -> int:
@@ -78,13 +72,16 @@ def why_not_in_place(messages: list[str], exitcodes: list[int], *, left: int, st
     ``exitcodes`` their exit codes, ``left`` the restarts left, ``stop`` whether the workers are stopping for good."""
     if left <= 0:
         return "no restart left in place"
-    if stop or EXIT_STOPPED in exitcodes or -signal.SIGTERM in exitcodes:
+    if stop or errors.EXIT_TERMINATED in exitcodes or -signal.SIGTERM in exitcodes:
         return "the workers stopped for a SIGTERM"
+    from finetune_trainer.launcher import classify_failure  # the launcher's own reading of the error file
+
     for m in messages:
-        if m.startswith(_NEVER_IN_PLACE):
-            return "a failure another round would repeat"
-        if any(marker in m for marker in errors.RENDEZVOUS_MARKERS):
+        code, _ = classify_failure(m)
+        if code == errors.EXIT_RENDEZVOUS_TIMEOUT:
             return "a rendezvous timeout (ranks missing)"
+        if code != errors.EXIT_TRAINING_ERROR:
+            return "a failure another round would repeat"
     return None
 
 
