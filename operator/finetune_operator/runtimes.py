@@ -416,8 +416,15 @@ def resolve(raw: dict[str, Any], choice: Choice, settings: Settings) -> Effectiv
 
 def record(eff: Effective, attempt: int) -> dict[str, Any]:
     """``status.runtime``: what the attempt was admitted with. The template is kept so that every later pass of the
-    attempt (and ``finetune status``) sees the spec the pods were built from, whatever the runtime says now."""
-    out: dict[str, Any] = {"attempt": attempt, "chosenBy": eff.how, "values": [v.to_wire() for v in eff.values]}
+    attempt (and ``finetune status``) sees the spec the pods were built from, whatever the runtime says now; the
+    admitted resources so that the namespace's GPU usage, the GPU-seconds and the placeholders count what the pods
+    hold, even if the spec was edited in the moment between their creation and this record."""
+    out: dict[str, Any] = {
+        "attempt": attempt,
+        "chosenBy": eff.how,
+        "values": [v.to_wire() for v in eff.values],
+        "resources": copy.deepcopy(eff.spec.resources),
+    }
     if eff.runtime is not None:
         out.update(eff.runtime.snapshot(), template=copy.deepcopy(eff.runtime.template))
     return out
@@ -436,4 +443,7 @@ def spec_of(wire: dict[str, Any]) -> JobSpec:
         and bool(status.get("attemptStartTime"))
     ):  # not admitted yet, or between attempts: the next one reads its runtime again
         return parse_spec(raw, complete=False)
-    return parse_spec(merge(raw, admitted.get("template") or {})[0])
+    merged = merge(raw, admitted.get("template") or {})[0]
+    if isinstance(admitted.get("resources"), dict):  # what the pods were admitted with (spec_of's callers count it)
+        merged["resources"] = admitted["resources"]
+    return parse_spec(merged)

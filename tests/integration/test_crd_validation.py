@@ -216,3 +216,79 @@ def test_elastic_range_is_fixed_once_the_job_exists(api_client, namespace) -> No
             GROUP, VERSION, namespace, PLURAL, "fixed", {"spec": {"elastic": {"minNodes": 1}}}
         )
     assert "spec.elastic is immutable" in e.value.body, e.value.body
+
+
+def _as_tenant(api_client: Any, namespace: str) -> client.ApiClient:
+    """An API client acting as a user bound, in ``namespace``, to what the chart aggregates into the built-in ``edit``
+    role for FineTuneJobs (every verb on the jobs, get on their status)."""
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "tenant"},
+            "rules": [
+                {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "create", "update", "patch"]},
+                {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get"]},
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "tenant"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant"}],
+        },
+    )
+    tenant = client.ApiClient(api_client.configuration)
+    tenant.set_default_header("Impersonate-User", "tenant")
+    return tenant
+
+
+SHAPING = [
+    ("resources", {"limits": {"cpu": "1", "nvidia.com/gpu": 0}}),
+    ("image", "registry.example/other:1"),
+    ("env", [{"name": "HOME", "value": "/data"}]),
+    ("podTemplate", {"serviceAccountName": "ci-deployer"}),
+    ("runtimeRef", {"name": "other"}),
+]
+
+
+def test_what_shapes_the_pods_cannot_change_while_an_attempt_runs(api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    """A tenant (the namespace's edit role) cannot edit what its running pods were admitted and built with: GPU usage,
+    GPU-seconds and the guardrails judged those values. Other fields stay editable, and once the job is suspended (no
+    attempt runs) the same edits are taken, for the next attempt. The operator's status writes are replayed by hand
+    (only the API server's rules are under test)."""
+    admin, tenant = client.CustomObjectsApi(api_client), client.CustomObjectsApi(_as_tenant(api_client, namespace))
+    job = make_job("shaped").nodes(2).set("resources", {"limits": {"cpu": "1", "nvidia.com/gpu": 8}}).build()
+    tenant.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
+    for field, value in (("image", "registry.example/first:1"), ("env", [{"name": "A", "value": "1"}])):  # no attempt
+        tenant.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped", {"spec": {field: value}})
+    running = {"status": {"state": "Running", "attempt": 0, "attemptStartTime": "2026-12-07T00:00:00Z"}}
+    admin.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "shaped", running)
+    for field, value in SHAPING:
+        with pytest.raises(ApiException) as e:
+            tenant.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped", {"spec": {field: value}})
+        assert e.value.status == 422 and f"spec.{field} cannot change while an attempt runs" in e.value.body, (
+            e.value.body
+        )
+    with pytest.raises(ApiException) as e:  # removing the field is a change too
+        tenant.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "shaped", {"spec": {"resources": None}}
+        )
+    assert "spec.resources cannot change while an attempt runs" in e.value.body, e.value.body
+    tenant.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped", {"spec": {"maxRestarts": 5}})
+    tenant.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped", {"spec": {"suspend": True}})
+    stored = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped")
+    assert stored["spec"]["resources"]["limits"]["nvidia.com/gpu"] == 8, stored["spec"]  # the admitted value kept
+    assert stored["spec"]["env"] == [{"name": "A", "value": "1"}] and stored["spec"]["maxRestarts"] == 5, stored["spec"]
+    suspended = {"status": {"state": "Suspended", "attempt": 1, "attemptStartTime": None}}
+    admin.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "shaped", suspended)
+    for field, value in SHAPING:
+        tenant.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped", {"spec": {field: value}})
+    edited = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped")["spec"]
+    assert edited["podTemplate"] == {"serviceAccountName": "ci-deployer"} and edited["runtimeRef"]["name"] == "other"
+    # A finished job's spec no longer shapes anything: editable again, although its last attempt's start is kept.
+    finished = {"status": {"state": "Succeeded", "attempt": 1, "attemptStartTime": "2026-12-07T00:10:00Z"}}
+    admin.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "shaped", finished)
+    tenant.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shaped", {"spec": {"env": None}})

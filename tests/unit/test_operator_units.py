@@ -574,6 +574,25 @@ def test_progress_from_the_trainers_real_metrics_page() -> None:
     assert {"rewardAccuracy": 0.8125, "rewardMargin": 0.25}.items() <= p.to_wire().items()
 
 
+def test_usage_and_gpu_seconds_count_what_the_attempt_was_admitted_with_not_an_edited_spec() -> None:
+    """The API server refuses edits of spec.resources while an attempt runs (tests/integration/test_crd_validation.py);
+    an edit that lands between the pods' creation and the status write still counts for nothing: the namespace's
+    usage and the GPU-seconds read the resources the attempt was admitted with (status.runtime.resources)."""
+    from finetune_operator.admission import usage_of
+
+    gpus = {"nodes": 2, "resources": {"limits": {"nvidia.com/gpu": 8}}}
+    admitted = decided(job(**gpus))
+    assert admitted.status.runtime is not None and admitted.status.runtime["resources"] == gpus["resources"]
+    running_status = admitted.status.to_wire() | {"state": "Running"}
+    edited = job(running_status, nodes=2, resources={"limits": {"cpu": "1"}})
+    assert usage_of([edited], exclude_uid="another").gpus == 16  # not 0
+    hour_later = admitted.status.attempt_start_time + timedelta(hours=1)
+    done = decided(
+        edited, [running(0, phase="Succeeded", code=0), running(1, phase="Succeeded", code=0)], now=hour_later
+    )
+    assert done.status.state == "Succeeded" and done.status.gpu_seconds_used == 2 * 8 * 3600
+
+
 def test_restart_accounts_lost_steps_and_gpu_seconds() -> None:
     st = dict(STARTED, progress={"step": 130, "lastCheckpointStep": 100, "samplesPerSecond": 64.0})
     spec = {
@@ -1204,6 +1223,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
             "uid": "u",
             "chosenBy": "spec.runtimeRef",
             "template": {"queueName": "q"},
+            "resources": {"limits": {"nvidia.com/gpu": 8}},
             "values": [{"field": "spec.queueName", "value": "q", "source": "job"}],
         },
         elastic=Elastic(
