@@ -387,21 +387,23 @@ class FineTuneClient:
             eff = self.effective(job)
         except SpecError as e:
             return e.lines()
-        if eff is None or eff.guardrails is None or eff.runtime is None:
+        if eff is None:
             return []
-        meta, layer = job["metadata"], eff.guardrails
-        if eff.values[0].source.startswith("Helm value"):
-            # The image is the operator's own (Helm values), which the user cannot read: the operator judges it.
-            layer = replace(layer, allowed_image_prefixes=())
-        violation = guardrails.check(
-            JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
-            eff.spec,
-            layer,
-            own=parse_spec(job.get("spec") or {}, complete=False),
-            origin=eff.guardrails_origin,
-            image_source=eff.image_source,
-        )
-        return [violation.message] if violation else []
+        meta, own = job["metadata"], parse_spec(job.get("spec") or {}, complete=False)
+        found = []
+        for layer, origin, theirs_too in eff.layers():
+            # An image of the operator's own settings (Helm values), which the user cannot read: the operator judges it
+            helm_image = eff.values[0].source.startswith("Helm value")
+            violation = guardrails.check(
+                JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
+                eff.spec,
+                replace(layer, allowed_image_prefixes=()) if helm_image else layer,
+                own=eff.spec if theirs_too else own,
+                origin=origin,
+                image_source=eff.image_source,
+            )
+            found += [violation.message] if violation else []
+        return found
 
     def validate(self, source: str | Path | dict[str, Any], *, offline: bool = False) -> JobSpec:
         """The typed spec the operator will run (defaults filled in, and online its runtime's template); raises

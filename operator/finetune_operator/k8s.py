@@ -315,7 +315,8 @@ class Kube:
 
     def runtime_choice(self, namespace: str, ref: RuntimeRef | None) -> runtimes.Choice:
         """The runtime a job of ``namespace`` runs with: the one ``ref`` names, else the namespace's or the cluster's
-        default (runtimes.choose). The operator reads it when an attempt starts; ``finetune validate`` before."""
+        default (runtimes.choose), with the cluster's default beneath a namespace's runtime (its guardrails still bind).
+        The operator reads it when an attempt starts; ``finetune validate`` before."""
         if ref is not None:
             plural = runtimes.PLURALS[ref.kind]
             ns = namespace if ref.kind == runtimes.NAMESPACED_KIND else None
@@ -330,22 +331,26 @@ class Kube:
                     f"spec.runtimeRef: {ref.kind} {ref.name!r} cannot be read ({e.message[:200]}): grant get and list "
                     f"on {plural} (the chart does)",
                 )
-            return runtimes.choose(ref, namespace, named=named)
-        found = {}
-        for kind, ns in ((runtimes.NAMESPACED_KIND, namespace), (runtimes.CLUSTER_KIND, None)):
-            try:
-                found[kind] = self.list_runtimes(runtimes.PLURALS[kind], ns)
-            except ApiError as e:
-                if e.code != 403:
-                    raise
-                # Not granted (a custom RBAC set-up): no default of this kind, said once in the log.
-                if kind not in self._runtimes_forbidden:
-                    self._runtimes_forbidden.add(kind)
-                    log.warning("may not list %s (%s): jobs that name none run without a default", kind, e.message)
-                found[kind] = []
+            floor = self._listed(runtimes.CLUSTER_KIND, None) if named and ref.kind == runtimes.NAMESPACED_KIND else []
+            return runtimes.choose(ref, namespace, named=named, cluster=floor)
         return runtimes.choose(
-            None, namespace, namespaced=found[runtimes.NAMESPACED_KIND], cluster=found[runtimes.CLUSTER_KIND]
+            None,
+            namespace,
+            namespaced=self._listed(runtimes.NAMESPACED_KIND, namespace),
+            cluster=self._listed(runtimes.CLUSTER_KIND, None),
         )
+
+    def _listed(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
+        """The runtimes of ``kind``; none when they may not be listed (a custom RBAC set-up), said once in the log."""
+        try:
+            return self.list_runtimes(runtimes.PLURALS[kind], namespace)
+        except ApiError as e:
+            if e.code != 403:
+                raise
+            if kind not in self._runtimes_forbidden:
+                self._runtimes_forbidden.add(kind)
+                log.warning("may not list %s (%s): jobs that name none run without a default", kind, e.message)
+            return []
 
     # -- writes --------------------------------------------------------------------------------------
 

@@ -321,8 +321,11 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     if (gone := runtimes.gone_since_last(p.job.status.runtime, choice)) is not None:
         _runtime_gone(p, gang, gone)
         return
+    # The training settings a runtime gave the first attempt stay (None: this is the first; so is a job admitted by an
+    # operator that kept none).
+    pinned = (st.runtime or {}).get("training") if st.start_time is not None else None
     try:
-        eff = runtimes.resolve(p.job.raw_spec, choice, p.settings)
+        eff = runtimes.resolve(p.job.raw_spec, choice, p.settings, pinned=pinned)
     except SpecError as e:
         _refuse(p, gang.mine, reason="RuntimeNotFound" if choice.error else "InvalidSpec", message=str(e))
         return
@@ -403,14 +406,17 @@ def _runtime_gone(p: _Pass, gang: Gang, message: str) -> None:
 
 
 def _guardrails(p: _Pass, own: JobSpec, eff: runtimes.Effective) -> guardrails.Violation | None:
-    """The operator's guardrails, then the runtime's: a job must pass both layers. A runtime's allowlists judge what
-    the job itself asks for (what the runtime adds is its own); the operator's judge what a cluster runtime adds as
-    the platform's own too, but a namespace's runtime (its admins write it) as the job's: it can only narrow them."""
+    """The operator's guardrails, then the runtimes' (runtimes.Effective.layers): a job must pass every layer. A
+    runtime's allowlists judge what the job itself asks for (what the runtime adds is its own); the operator's judge
+    what a cluster runtime adds as the platform's own too, but a namespace's runtime (its admins write it) as the
+    job's: it can only narrow them."""
     tenant = eff.spec if eff.runtime is not None and eff.runtime.kind == runtimes.NAMESPACED_KIND else own
     found = guardrails.check(p.job.ref, eff.spec, eff.settings, own=tenant, image_source=eff.image_source)
-    if found is None and eff.guardrails is not None:
+    for layer, origin, theirs_too in eff.layers():
+        if found is not None:
+            break
         found = guardrails.check(
-            p.job.ref, eff.spec, eff.guardrails, own=own, origin=eff.guardrails_origin, image_source=eff.image_source
+            p.job.ref, eff.spec, layer, own=tenant if theirs_too else own, origin=origin, image_source=eff.image_source
         )
     return found
 

@@ -60,6 +60,9 @@ WHOLE = (
     "training.keepCheckpoints",
 )
 TEMPLATE_FIELDS = (*MAPS, *BY_NAME, *ADDED, *WHOLE)
+# The training settings a runtime may give, kept at their first attempt's values (status.runtime.training): the job's
+# own spec.training is immutable, and a run resumed in another precision or checkpoint cadence is not the run admitted.
+PINNED = tuple(path for path in WHOLE if path.startswith("training."))
 
 # The guardrails a runtime may set: the Helm value (guardrails.<name>) and the Settings field of each.
 GUARDRAILS = {
@@ -135,6 +138,9 @@ class Choice:
     how: str  # spec.runtimeRef | the namespace's default | the cluster's default | none
     error: str | None = None
     absent: tuple[str, str] | None = None  # (kind, name) of the named runtime that does not exist
+    # The cluster's default when a namespace's runtime is chosen: its guardrails still bind (a namespace's admins may
+    # narrow the platform's limits, never drop them by making a default of their own).
+    floor: Runtime | None = None
 
 
 def not_found(ref: RuntimeRef, namespace: str) -> str:
@@ -153,7 +159,9 @@ def choose(
     namespaced: Sequence[dict[str, Any]] = (),
     cluster: Sequence[dict[str, Any]] = (),
 ) -> Choice:
-    """``named``: the object ``ref`` names (None: it does not exist); else the defaults among the listed runtimes."""
+    """``named``: the object ``ref`` names (None: it does not exist); else the defaults among the listed runtimes.
+    ``cluster`` also gives the floor of a namespace's runtime (:attr:`Choice.floor`)."""
+    cluster_default = _default(cluster, namespace)
     if ref is not None:
         if named is None:
             return Choice(None, "spec.runtimeRef", not_found(ref, namespace), absent=(ref.kind, ref.name))
@@ -166,14 +174,23 @@ def choose(
                 f"spec.allowedNamespaces: {', '.join(chosen.allowed_namespaces)}); `finetune runtimes` lists those "
                 "this namespace may name",
             )
-        return Choice(chosen, "spec.runtimeRef")
-    for listed, how in ((namespaced, "the namespace's default"), (cluster, "the cluster's default")):
-        defaults = [r for r in map(read_runtime, listed) if r.default and r.allows(namespace)]
-        if defaults:
-            newest = max(defaults, key=lambda r: (r.created, r.name))
-            note = f" (newest of {len(defaults)} defaults)" if len(defaults) > 1 else ""
-            return Choice(newest, how + note)
+        floor = cluster_default[0] if cluster_default and chosen.kind == NAMESPACED_KIND else None
+        return Choice(chosen, "spec.runtimeRef", floor=floor)
+    if (mine := _default(namespaced, namespace)) is not None:
+        floor = cluster_default[0] if cluster_default else None
+        return Choice(mine[0], "the namespace's default" + mine[1], floor=floor)
+    if cluster_default is not None:
+        return Choice(cluster_default[0], "the cluster's default" + cluster_default[1])
     return Choice(None, "none")
+
+
+def _default(listed: Sequence[dict[str, Any]], namespace: str) -> tuple[Runtime, str] | None:
+    """The default runtime among ``listed`` for ``namespace`` (the newest of several) and a note saying so."""
+    defaults = [r for r in map(read_runtime, listed) if r.default and r.allows(namespace)]
+    if not defaults:
+        return None
+    note = f" (newest of {len(defaults)} defaults)" if len(defaults) > 1 else ""
+    return max(defaults, key=lambda r: (r.created, r.name)), note
 
 
 def gone_since_last(record: dict[str, Any] | None, choice: Choice) -> str | None:
@@ -288,6 +305,8 @@ class Effective:
     runtime: Runtime | None
     how: str
     values: tuple[Value, ...]  # the image's first
+    floor: Runtime | None = None  # the cluster's default under a namespace's runtime (Choice.floor)
+    pinned: dict[str, Any] = field(default_factory=dict)  # PINNED: the runtime's value at the first attempt, or None
 
     @property
     def image_source(self) -> str:
@@ -299,6 +318,18 @@ class Effective:
     def guardrails_origin(self) -> str:
         """Where the runtime's guardrails are set, a format string taking a guardrail's name (guardrails.check)."""
         return f"{self.runtime.label}: spec.guardrails.{{}}" if self.runtime else ""
+
+    def layers(self) -> list[tuple[Settings, str, bool]]:
+        """The runtimes' guardrail layers a job must pass beside the operator's: (the layer, where it is set, whether
+        it judges the runtime's own values as the job's). The chosen runtime's allowlists judge what the job asks for;
+        the cluster default's, under a namespace's runtime, judge that runtime's values too (its admins wrote them)."""
+        out = []
+        if self.guardrails is not None and self.runtime is not None:
+            out.append((self.guardrails, self.guardrails_origin, False))
+        if self.floor is not None and (floor := runtime_guardrails(self.floor, self.settings)) is not None:
+            where = f"{self.floor.label}, the cluster's default under a namespace's runtime: spec.guardrails.{{}}"
+            out.append((floor, where, True))
+        return out
 
 
 def _show(value: Any, width: int = 100) -> str:
@@ -350,13 +381,31 @@ def runtime_guardrails(runtime: Runtime, settings: Settings) -> Settings | None:
     return replace(settings, **values)
 
 
-def resolve(raw: dict[str, Any], choice: Choice, settings: Settings) -> Effective:
+def _pin(template: dict[str, Any], pinned: dict[str, Any] | None) -> dict[str, Any]:
+    """The template with the training settings of :data:`PINNED` as the job's first attempt ran them (``pinned``,
+    status.runtime.training; None: the first attempt, nothing pinned yet)."""
+    if pinned is None:
+        return template
+    out = copy.deepcopy(template)
+    for path in PINNED:
+        section, _, name = path.partition(".")
+        if isinstance(out.get(section), dict):
+            out[section].pop(name, None)
+        if pinned.get(path) is not None:
+            _put(out, path, pinned[path])
+    return out
+
+
+def resolve(
+    raw: dict[str, Any], choice: Choice, settings: Settings, *, pinned: dict[str, Any] | None = None
+) -> Effective:
     """The job (its raw spec) with its runtime. Raises :class:`SpecError` (every error, each naming its field and,
-    for a value the runtime gave, the runtime) when the merged spec cannot run."""
+    for a value the runtime gave, the runtime) when the merged spec cannot run. ``pinned``: the training settings a
+    runtime gave the job's first attempt, kept by every later one whatever its runtime says now."""
     runtime = choice.runtime
     if choice.error is not None:
         raise SpecError("spec.runtimeRef", choice.error.removeprefix("spec.runtimeRef: "))
-    merged, sources = merge(raw, runtime.template if runtime else {})
+    merged, sources = merge(raw, _pin(runtime.template if runtime else {}, pinned))
     try:
         spec = parse_spec(merged)
     except SpecError as e:
@@ -395,7 +444,8 @@ def resolve(raw: dict[str, Any], choice: Choice, settings: Settings) -> Effectiv
                 _show(_at(merged, path)),
                 {"job": "job", "runtime": "runtime: spec.template", "job + runtime": "job + runtime: spec.template"}[
                     source
-                ],
+                ]
+                + (" (as at the job's first attempt)" if pinned is not None and path in PINNED else ""),
             )
         )
     for path, helm, attr in DEPRECATED_POD_DEFAULTS:
@@ -411,6 +461,8 @@ def resolve(raw: dict[str, Any], choice: Choice, settings: Settings) -> Effectiv
         runtime=runtime,
         how=choice.how,
         values=tuple(values),
+        floor=choice.floor,
+        pinned={path: _at(merged, path) if sources.get(path) == "runtime" else None for path in PINNED},
     )
 
 
@@ -424,6 +476,7 @@ def record(eff: Effective, attempt: int) -> dict[str, Any]:
         "chosenBy": eff.how,
         "values": [v.to_wire() for v in eff.values],
         "resources": copy.deepcopy(eff.spec.resources),
+        "training": dict(eff.pinned),
     }
     if eff.runtime is not None:
         out.update(eff.runtime.snapshot(), template=copy.deepcopy(eff.runtime.template))

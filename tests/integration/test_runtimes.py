@@ -124,6 +124,11 @@ def test_defaults_and_precedence_job_over_namespace_runtime_over_cluster_runtime
     pod = pod_of(jobs, "local", 0)
     assert pod.metadata.labels["team"] == "mine" and pod.spec.containers[0].image != "registry.corp/ml/trainer:2"
     assert jobs.status("local")["runtime"]["chosenBy"] == "the namespace's default"
+    # ...and the cluster default's guardrails still bind its jobs: a namespace's admins narrow them, never drop them
+    jobs.create(make_job("wide").nodes(3).build())
+    failure = jobs.wait_state("wide", "Failed")["failure"]
+    assert "the cluster's default under a namespace's runtime: spec.guardrails.maxNodesPerJob" in failure["message"]
+    assert jobs.pods("wide") == []
     # a job that names the cluster's runtime gets it, whatever the defaults; kubectl shows it
     jobs.create(make_job("named").set("runtimeRef", {"name": "pool"}).build())
     assert pod_of(jobs, "named", 0).metadata.labels["team"] == "platform"

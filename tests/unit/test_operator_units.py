@@ -1224,6 +1224,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
             "chosenBy": "spec.runtimeRef",
             "template": {"queueName": "q"},
             "resources": {"limits": {"nvidia.com/gpu": 8}},
+            "training": {"training.precision": "bf16", "training.keepCheckpoints": None},
             "values": [{"field": "spec.queueName", "value": "q", "source": "job"}],
         },
         elastic=Elastic(

@@ -436,3 +436,65 @@ def test_an_error_from_mixing_the_job_and_its_runtime_names_the_runtime() -> Non
     with pytest.raises(SpecError) as e:
         resolve(own, Choice(read_runtime(rt), "spec.runtimeRef"), Settings())
     assert "ClusterFineTuneRuntime" not in str(e.value)  # the job's own error
+
+
+def test_training_settings_a_runtime_gave_stay_those_of_the_first_attempt() -> None:
+    """A namespace default made after admission, or an edited runtime, changes what the next attempt runs with (its
+    image, its pods) but never the run's training settings: a run resumed in another precision or checkpoint cadence
+    is not the run admitted (spec.training is immutable for the same reason). A setting the first attempt took from no
+    runtime stays the operator's default."""
+    from finetune_operator.admission import Observed
+
+    def defaults(namespaced: list[dict[str, Any]], cluster: list[dict[str, Any]]) -> Any:
+        return Observed(runtime=choose(None, "ns", namespaced=namespaced, cluster=cluster))
+
+    cluster_default = runtime("c", default=True, template={"training": {"precision": "bf16"}})
+    first = decided(job(nodes=2), observed=defaults([], [cluster_default]))
+    assert first.status.runtime is not None
+    assert first.status.runtime["training"]["training.precision"] == "bf16"
+    assert first.status.runtime["training"]["training.checkpointEverySteps"] is None
+    st = first.status
+    st.state, st.attempt_start_time = "Running", STARTED_TIME
+    evicted = decided(job(st, nodes=2), [running(0), running(1, phase="Failed", code=1)])
+    assert evicted.status.state == "Restarting"
+    changed = {"precision": "fp16", "checkpointEverySteps": 1000000, "keepCheckpoints": 1}
+    namespace_default = runtime(
+        "n", kind=NAMESPACED_KIND, default=True, template={"training": changed, "shmSize": "2Gi"}
+    )
+    nxt = decided(job(evicted.status, nodes=2), observed=defaults([namespace_default], [cluster_default]))
+    assert nxt.status.state == "Created" and nxt.status.runtime is not None and nxt.status.runtime["name"] == "n"
+    config = next(o for o in nxt.create if o["kind"] == "ConfigMap")["data"]["config.json"]
+    assert '"precision": "bf16"' in config and "1000000" not in config, config
+    assert nxt.status.runtime["training"] == first.status.runtime["training"]  # carried to every later attempt
+    pods = trainer_pods(nxt)
+    shm = next(v for v in pods[0]["spec"]["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["sizeLimit"] == "2Gi"  # the pods take the new runtime
+    # validate and `finetune status` say where the pinned value comes from
+    shown = {v["field"]: v["source"] for v in nxt.status.runtime["values"]}
+    assert shown["spec.training.precision"].endswith("(as at the job's first attempt)"), shown
+
+
+def test_a_namespace_default_cannot_drop_the_cluster_defaults_guardrails() -> None:
+    """The platform's cluster default sets guardrails; a namespace's admins make a default of their own without any:
+    the cluster default's guardrails still judge every job of the namespace, and the namespace runtime's own values
+    as the job's (its admins wrote them). Named explicitly with runtimeRef, the same. A cluster runtime the job names
+    instead is the platform's own choice: its guardrails replace the default's."""
+    from finetune_operator.admission import Observed
+
+    platform = runtime("c", default=True, guardrails={"maxGpusPerJob": 8, "allowedSchedulers": ["default-scheduler"]})
+    loose = runtime("n", kind=NAMESPACED_KIND, default=True)
+    big = {"nodes": 2, "resources": {"limits": {"nvidia.com/gpu": 8}}}
+    by_default = decided(
+        job(**big), observed=Observed(runtime=choose(None, "ns", namespaced=[loose], cluster=[platform]))
+    )
+    assert by_default.status.state == "Failed" and by_default.status.failure is not None
+    message = by_default.status.failure.message
+    assert "ClusterFineTuneRuntime c (generation 3), the cluster's default" in message and "maxGpusPerJob" in message
+    sched = runtime("n", kind=NAMESPACED_KIND, default=True, template={"podTemplate": {"schedulerName": "mine"}})
+    small = decided(job(), observed=Observed(runtime=choose(None, "ns", namespaced=[sched], cluster=[platform])))
+    assert small.status.failure is not None and "spec.podTemplate.schedulerName: mine" in small.status.failure.message
+    named = choose(RuntimeRef("n", NAMESPACED_KIND), "ns", named=loose, cluster=[platform])
+    assert named.floor is not None and named.floor.name == "c"
+    assert decided(job(**big), observed=Observed(runtime=named)).status.state == "Failed"
+    other = choose(RuntimeRef("gpu"), "ns", named=runtime(), cluster=[platform])
+    assert other.floor is None and decided(job(**big), observed=Observed(runtime=other)).status.state == "Created"
