@@ -76,6 +76,20 @@ def _outside(field: str, value: str | None, allowed: tuple[str, ...], where: str
     return Violation("InvalidSpec", f"{field}: {value} is not allowed; allowed: {', '.join(allowed)} ({where}){hint}")
 
 
+def _no_service_account(name: str | None, origin: str) -> Violation | None:
+    """The operator's own layer refuses a ServiceAccount it does not list, an empty list included: the account's token
+    and cloud role would reach code the tenant chose, so a user who may only create FineTuneJobs would gain its
+    rights. (A runtime's empty list sets no limit of its own.)"""
+    if name is None:
+        return None
+    return Violation(
+        "InvalidSpec",
+        f"spec.podTemplate.serviceAccountName: {name} is not allowed: {origin.format('allowedServiceAccounts')} is "
+        "empty, so no job may name a ServiceAccount (its token and cloud role would reach the job's code); leave it "
+        "out (the pods get no token), or ask the platform team to list it",
+    )
+
+
 def _toleration_refused(spec: JobSpec, settings: Settings, where: str) -> Violation | None:
     """A toleration whose key is not allowed lets the job onto nodes tainted for someone else; one without a key
     (operator Exists) tolerates every taint. The platform's own ``trainer.tolerations`` are not the job's."""
@@ -177,6 +191,9 @@ def check(
             "name a LocalQueue of the namespace (kubectl get localqueues)",
         )
     for refused in (
+        _no_service_account(pt.service_account_name, origin)
+        if origin == HELM and not settings.allowed_service_accounts
+        else None,
         _outside(
             "spec.podTemplate.serviceAccountName",
             pt.service_account_name,

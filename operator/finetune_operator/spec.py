@@ -1070,13 +1070,22 @@ def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
 
 
 def check_output_path(namespace: str, name: str, spec: JobSpec) -> None:
-    """A job's default output directory is ``<namespace>/<name>`` in its claim: a ``spec.output.path`` may not reach
-    into another job's (``<namespace>/<other>``), where it would overwrite that job's checkpoints and model."""
+    """A job's default output directory is ``<namespace>/<name>`` in its claim: a ``spec.output.path`` stays in its
+    namespace's tree (a claim may be an export that other namespaces' claims reach too, a static NFS volume say) and
+    may not reach into another job's (``<namespace>/<other>``), where it would overwrite that job's checkpoints and
+    model."""
     path = spec.output.path
     if path is None:
         return
     first, _, rest = path.partition("/")
-    if first == namespace and rest != name and not rest.startswith(name + "/"):
+    if first != namespace:
+        raise SpecError(
+            "spec.output.path",
+            f"{path!r} is outside {namespace}/, the job's namespace's directory in the claim (a claim may reach an "
+            f"export other namespaces' jobs write too, each under its own namespace); use {namespace}/{name}/… or "
+            f"leave spec.output.path out for {namespace}/{name}",
+        )
+    if rest != name and not rest.startswith(name + "/"):
         raise SpecError(
             "spec.output.path",
             f"{path!r} is inside {namespace}/, where each job of the namespace has its "

@@ -979,6 +979,12 @@ PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="
         ),
         ({"output": {"claimName": "o", "path": "ns"}}, Settings(), "InvalidSpec", ["spec.output.path", "'ns'"]),
         (
+            {"output": {"claimName": "shared-nfs", "path": "team-b/llama-sft"}},
+            Settings(),
+            "InvalidSpec",
+            ["spec.output.path", "outside ns/", "ns/ft/"],
+        ),
+        (
             {"output": {"claimName": "o", "path": "runs/../ns/other"}},
             Settings(),
             "InvalidSpec",
@@ -990,6 +996,12 @@ PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="
             Settings(allowed_service_accounts=("trainer",)),
             "InvalidSpec",
             ["spec.podTemplate.serviceAccountName", "admin", "trainer", "guardrails.allowedServiceAccounts"],
+        ),
+        (
+            {"podTemplate": {"serviceAccountName": "ci-deployer"}},
+            Settings(),
+            "InvalidSpec",
+            ["spec.podTemplate.serviceAccountName", "ci-deployer", "guardrails.allowedServiceAccounts is empty"],
         ),
         (
             {
@@ -1034,9 +1046,11 @@ PINNED = Settings(allowed_image_prefixes=("registry.corp/ml/",), default_image="
         "kueue-labels",
         "other-jobs-output",
         "namespace-dir-output",
+        "other-namespace-output",
         "dot-dot-output",
         "queue-required",
         "service-account",
+        "service-account-none-listed",
         "toleration-key",
         "toleration-without-key",
         "scheduler",
@@ -1090,7 +1104,6 @@ def test_guardrails_allow_what_is_allowed() -> None:
             Settings(allowed_priority_classes=("train-low",)),
         ),
         ({"output": {"claimName": "o", "path": "ns/ft/run-2"}}, Settings()),
-        ({"output": {"claimName": "o", "path": "experiments/ft"}}, Settings()),
         ({"image": "ghcr.io/org/trainer-cpu:1"}, Settings(allowed_image_prefixes=("ghcr.io/org/trainer-",))),
         ({"podTemplate": {"volumes": [{"name": "ca", "mountPath": "/etc/ssl/certs", "emptyDir": {}}]}}, PINNED),
         ({"podTemplate": {"labels": {"debug": "x"}}}, PINNED),
