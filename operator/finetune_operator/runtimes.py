@@ -60,6 +60,9 @@ WHOLE = (
     "training.keepCheckpoints",
 )
 TEMPLATE_FIELDS = (*MAPS, *BY_NAME, *ADDED, *WHOLE)
+# The most a runtime's template may hold, as compact JSON: each attempt copies it into the job's status, and a job's
+# object (spec and status) must stay far under etcd's 1.5 MiB request limit for every status write to succeed.
+MAX_TEMPLATE_BYTES = 64 * 1024
 # The training settings a runtime may give, kept at their first attempt's values (status.runtime.training): the job's
 # own spec.training is immutable, and a run resumed in another precision or checkpoint cadence is not the run admitted.
 PINNED = tuple(path for path in WHOLE if path.startswith("training."))
@@ -405,6 +408,13 @@ def resolve(
     runtime = choice.runtime
     if choice.error is not None:
         raise SpecError("spec.runtimeRef", choice.error.removeprefix("spec.runtimeRef: "))
+    if runtime is not None and (size := len(json.dumps(runtime.template, separators=(",", ":")))) > MAX_TEMPLATE_BYTES:
+        raise SpecError(
+            "spec.runtimeRef",
+            f"{runtime.label}: its spec.template is {size / 1024:.0f} KiB, over the {MAX_TEMPLATE_BYTES // 1024} KiB "
+            "an attempt records in the job's status (status.runtime.template, with every job's status written "
+            "whole); its owner should keep large values out of it (env from a ConfigMap or Secret by reference)",
+        )
     merged, sources = merge(raw, _pin(runtime.template if runtime else {}, pinned))
     try:
         spec = parse_spec(merged)

@@ -498,3 +498,17 @@ def test_a_namespace_default_cannot_drop_the_cluster_defaults_guardrails() -> No
     assert decided(job(**big), observed=Observed(runtime=named)).status.state == "Failed"
     other = choose(RuntimeRef("gpu"), "ns", named=runtime(), cluster=[platform])
     assert other.floor is None and decided(job(**big), observed=Observed(runtime=other)).status.state == "Created"
+
+
+def test_a_runtime_template_too_large_for_the_jobs_status_refuses_the_job_before_any_pod() -> None:
+    """Each attempt copies the template into status.runtime: a namespace default of 40 env values of 32 KiB (which
+    the runtime's schema allows) would make every status write of every job in the namespace fail after its pods were
+    created. Refused at admission instead, naming the runtime and the fix."""
+    huge = runtime(template={"env": [{"name": f"E{i:02}", "value": "x" * 32 * 1024} for i in range(40)]})
+    plan = decided(job(runtimeRef={"name": "gpu"}), observed=observed(huge))
+    assert plan.status.state == "Failed" and plan.create == [] and plan.status.failure is not None
+    message = plan.status.failure.message
+    assert plan.status.failure.reason == "InvalidSpec" and "ClusterFineTuneRuntime gpu (generation 3)" in message
+    assert "1281 KiB, over the 64 KiB" in message and "by reference" in message, message
+    fits = runtime(template={"env": [{"name": "E", "value": "x" * 32 * 1024}]})
+    assert decided(job(runtimeRef={"name": "gpu"}), observed=observed(fits)).status.state == "Created"
