@@ -286,6 +286,60 @@ def _pods(cluster: Any, ns: str, job: str) -> list[str]:
     return sorted(x.removeprefix("pod/") for x in out.split())
 
 
+def _assert_own_objects_only(cluster: Any, kc: Path, ns: str) -> None:
+    """rbac.admissionPolicy: the operator's ServiceAccount, which RBAC lets create and update every ConfigMap and
+    create every pod, is refused a ConfigMap or pod no FineTuneJob controls, and an update of a ConfigMap someone else
+    owns (kube-system's aws-auth, say), even one it tries to give a FineTuneJob owner. The reconcile above created the
+    job's own ConfigMap and pods through the same policy."""
+    as_operator = ("--kubeconfig", str(kc), "-n", ns)
+    denied = "may create and update only ConfigMaps and pods that a FineTuneJob controls"
+    stray = cluster.run_kubectl(*as_operator, "create", "configmap", "stray", "--from-literal=a=b", check=False)
+    assert denied in stray, stray
+    restricted = {  # passes the restricted Pod Security level, so only the policy can refuse it
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    stray_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "stray"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": restricted}]},
+    }
+    pod = cluster.run_kubectl(*as_operator, "create", "-f", "-", input=json.dumps(stray_pod), check=False)
+    assert denied in pod, pod
+    cluster.run_kubectl("create", "configmap", "aws-auth", "--from-literal=mapRoles=[]", "-n", ns)
+    owned = {
+        "metadata": {
+            "ownerReferences": [
+                {
+                    "apiVersion": "finetune.dev/v1alpha1",
+                    "kind": "FineTuneJob",
+                    "name": "x",
+                    "uid": "00000000-0000-0000-0000-000000000000",
+                    "controller": True,
+                }
+            ]
+        }
+    }
+    current = json.loads(cluster.run_kubectl("get", "configmap", "aws-auth", "-n", ns, "-o", "json"))
+    for edit in (
+        {"data": {"mapRoles": "[{rolearn: evil}]"}, "metadata": {}},
+        owned,
+    ):  # the update verb RBAC grants it (a PUT)
+        body = current | edit | {"metadata": current["metadata"] | edit.get("metadata", {})}
+        answer = cluster.run_kubectl(*as_operator, "replace", "-f", "-", input=json.dumps(body), check=False)
+        # giving it an owner is refused by the policy, or first (where it is on, as here) by the API server's
+        # OwnerReferencesPermissionEnforcement: the operator may not delete ConfigMaps
+        assert denied in answer or ("ownerReferences" in edit["metadata"] and "cannot set an ownerRef" in answer), (
+            answer
+        )
+    kept = json.loads(cluster.run_kubectl("get", "configmap", "aws-auth", "-n", ns, "-o", "json"))
+    assert kept["data"] == {"mapRoles": "[]"} and "ownerReferences" not in kept["metadata"], kept
+
+
 def _prove_reconcile(cluster: Any, op: Operator, ns: str) -> None:
     """The job's pods, Service, ConfigMap and status appear, and kopf's watch delivered the job's event (not only the
     backstop resync): list, watch, create and update all work with the chart's RBAC."""
@@ -491,7 +545,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
     name = f"fo-{uuid.uuid4().hex[:4]}"
     op = None
     try:
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"rbac": {"admissionPolicy": {"enabled": True}}}
         rel = Release(name, ns, values, _install(cluster, helm, name, values, ns=ns, tmp=tmp_path), [work, other], "")
         dump_on_failure["rel"] = rel
         assert cluster.run_kubectl("get", "clusterkopfpeering", "finetune-operator", "-o", "name").strip()
@@ -528,6 +582,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
             + _matrix(cluster, rel, [("list", "secrets")], None, False)
         )
         assert not problems, problems
+        _assert_own_objects_only(cluster, kc, other)
         # the aggregated roles reach the built-in edit/view roles
         wait_for(
             lambda: (
