@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from finetune_operator import admission, failpoints, kueue, runtimes
@@ -43,6 +43,9 @@ def _now() -> datetime:
 
 LIST_EVERY = 10  # backstop ticks between lists of the jobs when a store serves them
 NS_BUSY_RETRY = 0.2  # seconds: a pass that found its namespace's admission lock held comes back after this
+# A refused placeholder (a PriorityClass that does not exist, a quota) is tried again after 2 s, then twice as long
+# after each refusal, up to 5 minutes: one job below its size must not cost a GET and a POST every 2 s for hours.
+PLACEHOLDER_RETRY = (2.0, 300.0)
 BACKSTOP_WORKERS = 4  # threads that run the backstop's passes (requeues, resyncs), so one slow pass stalls no other
 
 
@@ -86,7 +89,29 @@ class Controller:
         # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
         self.active: Callable[[], bool] = lambda: True
         self._workloads_forbidden = False  # no RBAC to read Kueue's Workloads: said once in the log
-        self._placeholders_refused: set[Key] = set()  # jobs whose placeholder the API server refused: said once
+        # Jobs whose placeholder the API server refused: the delay before the next try, and when that may be.
+        self._placeholders_refused: dict[Key, tuple[float, datetime]] = {}
+
+    def _hold_placeholders(self, key: Key, plan: Plan, now: datetime) -> None:
+        """Leave out of ``plan`` the placeholders of a job whose last one was refused, until its retry is due; the
+        pass comes back then."""
+        with self._guard:
+            refused = self._placeholders_refused.get(key)
+        if refused is None or now >= refused[1] or not any(is_placeholder(o) for o in plan.create):
+            return
+        plan.create = [o for o in plan.create if not is_placeholder(o)]
+        due = (refused[1] - now).total_seconds()
+        plan.requeue_after = due if plan.requeue_after is None else min(plan.requeue_after, due)
+
+    def _placeholder_refused(self, key: Key, now: datetime) -> bool:
+        """Count a refused placeholder: the next try waits twice as long as the last (PLACEHOLDER_RETRY). Whether it is
+        the first refusal since the job's placeholders were last created (or ever)."""
+        first, most = PLACEHOLDER_RETRY
+        with self._guard:
+            before = self._placeholders_refused.get(key)
+            delay = first if before is None else min(most, before[0] * 2)
+            self._placeholders_refused[key] = (delay, now + timedelta(seconds=delay))
+        return before is None
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._guard:
@@ -112,7 +137,7 @@ class Controller:
             if (lock := self._locks.get(key)) is not None and lock.locked():
                 self._forgotten.add(key)
             self._passed.pop(key, None)
-            self._placeholders_refused.discard(key)
+            self._placeholders_refused.pop(key, None)
         self._export_states(key[0])
 
     def _export_states(self, namespace: str) -> None:
@@ -367,6 +392,7 @@ class Controller:
             plan.requeue_after,
         )
 
+        self._hold_placeholders(key, plan, now)
         new_pods = [o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"]
         if new_pods:
             # Never a gang from a stale read: the store may hold a job changed or deleted while a watch was down (or
@@ -384,12 +410,12 @@ class Controller:
                 except Rejected as e:
                     if is_placeholder(obj):
                         # An elastic job's placeholder only looks for capacity: its refusal (a PriorityClass that does
-                        # not exist, a quota) never fails the job, which trains on at its size; said, then retried.
-                        if key not in self._placeholders_refused:  # said once per job (retried every pass)
-                            self._placeholders_refused.add(key)
+                        # not exist, a quota) never fails the job, which trains on at its size; said, then retried
+                        # later and later (PLACEHOLDER_RETRY).
+                        if self._placeholder_refused(key, now):  # said once per run of refusals
                             log.warning("%s/%s: %s refused (%d): %s", namespace, name, what, e.code, e.message)
                             plan.events.append(Event("Warning", "PlaceholderRefused", f"{what}: {e.message}"[:1024]))
-                        continue
+                        break  # the job's other placeholders would be refused alike
                     plan = create_rejected(
                         job,
                         read_pods(self.kube.list_pods(namespace, name)),
@@ -409,6 +435,9 @@ class Controller:
                 sent.add(obj["metadata"]["name"])
                 if created == CREATED and obj["kind"] == "Pod":
                     self.metrics.pods_created.inc()
+                if is_placeholder(obj):
+                    with self._guard:
+                        self._placeholders_refused.pop(key, None)
         finally:
             if self.store is not None and (unsent := [n for n in new_pods if n not in sent]):
                 self.store.unexpect(key, added=unsent)  # never created: no event will come for them
