@@ -31,6 +31,9 @@ class OperatorProcess:
             "FINETUNE_WAITING_TIMEOUT_SECONDS": "5",
             "FINETUNE_DEFAULT_IMAGE": "trainer:test",
             "FINETUNE_ORT_IMAGE": "trainer-ort:test",
+            # test clusters resize in seconds (the platform's floors are a minute and half a minute)
+            "FINETUNE_ELASTIC_MIN_RESIZE_COOLDOWN_SECONDS": "0",
+            "FINETUNE_ELASTIC_MIN_UNSCHEDULABLE_SECONDS": "1",
             **env,
         }
         self.log = Path(tempfile.mkstemp(prefix="operator-", suffix=".log")[1])

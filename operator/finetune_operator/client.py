@@ -28,12 +28,12 @@ from typing import Any
 
 import yaml
 
-from finetune_operator import guardrails, runtimes
+from finetune_operator import admission, guardrails, runtimes
 from finetune_operator.builders import JobRef, output_claim_name, output_path
 from finetune_operator.history import series
 from finetune_operator.k8s import ApiError, Kube, Rejected
 from finetune_operator.settings import GROUP, LABEL_ATTEMPT, LABEL_RANK, OUTPUT_MOUNT, VERSION, Settings
-from finetune_operator.spec import JobSpec, SpecError, check_name, elastic_problems, parse_spec
+from finetune_operator.spec import JobSpec, RuntimeRef, SpecError, check_name, elastic_problems, parse_spec
 from finetune_operator.status import FAILED, SUCCEEDED, TERMINAL
 
 STATES = ("Succeeded", "Failed", "Running", "Suspended", "finished")  # what wait() can wait for
@@ -170,6 +170,10 @@ def local_errors(job: dict[str, Any]) -> list[str]:
     try:
         spec = parse_spec(job.get("spec") or {}, complete=False)  # the runtime may give the output claim
         errors.extend(f"{field}: {message}" for field, message in elastic_problems(spec))  # judged at admission
+        meta = job["metadata"]
+        ref = JobRef(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid", ""))
+        if (never := guardrails.always(ref, spec)) is not None:  # what no platform allows (the output path, ...)
+            errors.append(never.message)
     except SpecError as e:
         errors.extend(e.lines())
     except (KeyError, TypeError, ValueError) as e:
@@ -361,17 +365,27 @@ class FineTuneClient:
         return job, self._errors(job, offline=offline)
 
     def _errors(self, job: dict[str, Any], *, offline: bool) -> list[str]:
+        """Every error of the manifest in one report, each field once: the typed spec's and what no platform allows,
+        then (online) the server dry run's, the job merged with its runtime (an output claim neither gives, say), the
+        runtimes' guardrails and the claims it mounts."""
         errors = local_errors(job)
         if offline:
             return errors
-        return merged_errors(errors, self.server_errors(job)) or self._runtime_errors(job)
+        for more in (self.server_errors(job), self._runtime_errors(job)):
+            errors = merged_errors(errors, more)
+        return errors
 
     def effective(self, job: dict[str, Any]) -> runtimes.Effective | None:
         """What the job would run with if an attempt started now: its runtime (read with the user's RBAC) merged in
         (finetune_operator.runtimes). None when the user may not read the runtimes. The operator's own settings (Helm
         values) are not the user's to read: the values they decide are shown as the operator's. Raises
         :class:`SpecError` when the merged spec cannot run, or the runtime does not exist."""
-        ref = parse_spec(job.get("spec") or {}, complete=False).runtime_ref
+        raw = (job.get("spec") or {}).get("runtimeRef")  # read alone: the rest of the spec may hold errors
+        ref = (
+            RuntimeRef(str(raw["name"]), str(raw.get("kind", runtimes.CLUSTER_KIND)))
+            if isinstance(raw, dict) and raw.get("name")
+            else None
+        )
         try:
             choice = self.kube.runtime_choice(job["metadata"]["namespace"], ref)
         except ApiError as e:
@@ -390,7 +404,7 @@ class FineTuneClient:
         if eff is None:
             return []
         meta, own = job["metadata"], parse_spec(job.get("spec") or {}, complete=False)
-        found = []
+        found = self._claim_errors(meta["name"], meta["namespace"], eff.spec)
         for layer, origin, theirs_too in eff.layers():
             # An image of the operator's own settings (Helm values), which the user cannot read: the operator judges it
             helm_image = eff.values[0].source.startswith("Helm value")
@@ -404,6 +418,22 @@ class FineTuneClient:
             )
             found += [violation.message] if violation else []
         return found
+
+    def _claim_errors(self, name: str, namespace: str, spec: JobSpec) -> list[str]:
+        """The operator's check of the claims the job mounts (a ReadWriteOnce output for several nodes, a read-only
+        one), read with the user's RBAC; nothing said of a claim the user may not read or that does not exist yet."""
+        claims = {}
+        for _, claim in admission.claims_to_check(name, spec):
+            try:
+                pvc = self.kube.get_claim(namespace, claim)
+            except ApiError as e:
+                if e.code == 403:
+                    continue
+                raise
+            if pvc is not None:
+                claims[claim] = pvc
+        violation = admission.check_claims(name, spec, claims)
+        return [violation.message] if violation else []
 
     def validate(self, source: str | Path | dict[str, Any], *, offline: bool = False) -> JobSpec:
         """The typed spec the operator will run (defaults filled in, and online its runtime's template); raises

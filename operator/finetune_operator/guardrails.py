@@ -110,8 +110,8 @@ def _toleration_refused(spec: JobSpec, settings: Settings, where: str) -> Violat
     return None
 
 
-def _always(ref: JobRef, spec: JobSpec) -> Violation | None:
-    """What no platform setting allows."""
+def always(ref: JobRef, spec: JobSpec) -> Violation | None:
+    """What no platform setting allows (``finetune validate`` checks it too)."""
     for i, e in enumerate(spec.env):
         if e.get("name") in GPU_VISIBILITY_ENV:
             return Violation(
@@ -154,8 +154,8 @@ def check(
     runtime's template merged in); the allowlists of pod settings judge ``own``, the job's own spec (default:
     ``spec``): what the platform's runtime sets is the platform's. ``origin`` names where this layer is set (a format
     string taking the guardrail's name); ``image_source`` where the default image comes from."""
-    if (always := _always(ref, spec)) is not None:
-        return always
+    if (found := always(ref, spec)) is not None:
+        return found
     own = own or spec
     image = settings.trainer_image(acceleration=spec.acceleration, image=spec.image)
     if settings.allowed_image_prefixes and not image_allowed(image, settings.allowed_image_prefixes):

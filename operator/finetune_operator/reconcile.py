@@ -334,7 +334,12 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
         return
     spec, settings = eff.spec, eff.settings
-    if st.start_time is None and (problems := elastic_problems(spec)):  # judged once, before the first pod
+    floors = (
+        settings.elastic_min_resize_cooldown_seconds,
+        settings.elastic_min_unschedulable_seconds,
+        "Helm value elastic.{}",
+    )
+    if st.start_time is None and (problems := elastic_problems(spec, floors)):  # judged once, before the first pod
         _refuse(p, gang.mine, reason="InvalidSpec", message="; ".join(f"{f}: {m}" for f, m in problems))
         return
     claims = admission.check_claims(p.job.ref.name, spec, observed.claims)

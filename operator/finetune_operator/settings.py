@@ -142,6 +142,10 @@ class Settings:
     # An elastic job's placeholder pods (builders.build_placeholder) run at this PriorityClass, below every trainer's,
     # so that they hold a node for a grow without ever keeping another workload from it; empty: the trainer's own.
     placeholder_priority_class: str = ""
+    # The least spec.elastic.resizeCooldownSeconds and unschedulableSeconds a job may ask for: below them an
+    # autoscaler's delay shrinks the gang, and a flapping node restarts it again and again.
+    elastic_min_resize_cooldown_seconds: int = 60
+    elastic_min_unschedulable_seconds: int = 30
 
     def trainer_image(self, *, acceleration: str, image: str | None) -> str:
         """The trainer image of a job: its own ``spec.image``, else the ONNX Runtime image for ``ort`` (the only
@@ -200,6 +204,12 @@ class Settings:
             trainer_priority_class=os.environ.get("FINETUNE_TRAINER_PRIORITY_CLASS", ""),
             trainer_image_pull_secrets=_list("FINETUNE_TRAINER_IMAGE_PULL_SECRETS"),
             placeholder_priority_class=os.environ.get("FINETUNE_PLACEHOLDER_PRIORITY_CLASS", ""),
+            elastic_min_resize_cooldown_seconds=_int(
+                "FINETUNE_ELASTIC_MIN_RESIZE_COOLDOWN_SECONDS", cls.elastic_min_resize_cooldown_seconds
+            ),
+            elastic_min_unschedulable_seconds=_int(
+                "FINETUNE_ELASTIC_MIN_UNSCHEDULABLE_SECONDS", cls.elastic_min_unschedulable_seconds
+            ),
             run_as_user=_id("FINETUNE_TRAINER_RUN_AS_USER", cls.run_as_user),
             fs_group=_id("FINETUNE_TRAINER_FS_GROUP", cls.fs_group),
         )

@@ -956,14 +956,39 @@ def inexact_sizes(spec: JobSpec) -> list[int]:
     return [size for size in range(spec.elastic.min_nodes, spec.nodes) if asked % size]
 
 
-def elastic_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """(field, message) for an elastic job that could not keep its global batch exactly at every size, or whose ranks
-    would time out before it shrinks. Judged when a job is first admitted (and by ``finetune validate``), never on a
-    job that already runs: an operator upgrade or an edit of rendezvousTimeoutSeconds does not fail a running job."""
+def elastic_problems(spec: JobSpec, floors: tuple[int, int, str] | None = None) -> list[tuple[str, str]]:
+    """(field, message) for an elastic job that could not keep its global batch exactly at every size, whose ranks
+    would time out before it shrinks, or (``floors``: the least resizeCooldownSeconds and unschedulableSeconds the
+    platform allows, and where they are set) that would resize at every hiccup. Judged when a job is first admitted
+    (and by ``finetune validate``, without the floors, which are the operator's), never on a job that already runs:
+    an operator upgrade or an edit of rendezvousTimeoutSeconds does not fail a running job."""
     el = spec.elastic
     if el is None or not 1 <= el.min_nodes <= spec.nodes:
         return []
     found: list[tuple[str, str]] = []
+    if floors is not None:
+        least_cooldown, least_unschedulable, where = floors
+        for field_path, value, least, name in (
+            (
+                "spec.elastic.resizeCooldownSeconds",
+                el.resize_cooldown_seconds,
+                least_cooldown,
+                "minResizeCooldownSeconds",
+            ),
+            (
+                "spec.elastic.unschedulableSeconds",
+                el.unschedulable_seconds,
+                least_unschedulable,
+                "minUnschedulableSeconds",
+            ),
+        ):
+            if value < least:
+                message = (
+                    f"is {value}s, below the {least}s the platform allows ({where.format(name)}): shorter, an "
+                    "autoscaler's delay shrinks the gang and a flapping node restarts it again and again; raise it, "
+                    "or leave it out for the default"
+                )
+                found.append((field_path, message))
     if inexact := inexact_sizes(spec):
         asked = spec.training.gradient_accumulation_steps * spec.nodes
         fits = [s for s in range(1, spec.nodes + 1) if asked % s == 0]

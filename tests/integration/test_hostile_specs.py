@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from finetune_operator.client import FineTuneClient
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.integration.harness import Jobs, OperatorProcess, make_job
@@ -65,11 +66,27 @@ CORPUS: list[tuple[str, str, Any, str]] = [
     ("token-inline", "hfTokenSecretRef", "hf_abcdef", "spec.hfTokenSecretRef"),
     ("unknown-sharding", "training.sharding", "zero3", "spec.training.sharding"),
     ("quantize-on-cpu", "training.lora", {"r": 8, "quantization": "4bit"}, "spec.training.lora.quantization"),
+    ("output-other-namespace", "output.path", "team-b/llama-sft", "spec.output.path"),
+    ("elastic-inexact-batch", "spec", {"nodes": 3, "elastic": {"minNodes": 2}}, "spec.elastic.minNodes"),
+    (
+        "elastic-timeout-before-shrink",
+        "spec",
+        {
+            "nodes": 4,
+            "rendezvousTimeoutSeconds": 60,
+            "training": {"maxSteps": 10, "gradientAccumulationSteps": 6},
+            "elastic": {"minNodes": 2, "unschedulableSeconds": 600},
+        },
+        "spec.elastic.unschedulableSeconds",
+    ),
 ]
 
 
 def _manifest(name: str, path: str, value: Any, namespace: str) -> dict[str, Any]:
-    manifest = make_job(name).set(path, value).build()
+    """The corpus entry's manifest: one field set (``path``), or several (``spec``: merged into the spec)."""
+    manifest = make_job(name).build() if path == "spec" else make_job(name).set(path, value).build()
+    if path == "spec":
+        manifest["spec"].update(value)
     manifest["metadata"]["namespace"] = namespace
     return manifest
 
@@ -124,3 +141,29 @@ def test_validate_reports_every_mistake_of_a_manifest_at_once(cluster, namespace
     _, errors = FineTuneClient(namespace, kubeconfig=cluster.kubeconfig).check(manifest)
     for field in ("spec.training.learningRate", "spec.nodes", "spec.training.extraArgs.warmup_ratios"):
         assert [e for e in errors if e.startswith(field)], (field, errors)
+
+
+def test_validate_says_in_one_run_what_the_operator_would(cluster, api_client, namespace) -> None:  # type: ignore[no-untyped-def]
+    """What the operator judges when an attempt starts comes in the same report as the schema's errors: a multi-node
+    job with no output claim (no runtime of the namespace gives one) beside a typo, and a claim only one node can
+    mount beside an output path outside the job's namespace. Before, the runtime's and the claims' share came only
+    once every other error was fixed, and the claims not at all."""
+    client.CoreV1Api(api_client).create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": "single"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    ft = FineTuneClient(namespace, kubeconfig=cluster.kubeconfig)
+    nowhere = _manifest("nowhere", "training.learningRate", "fast", namespace)
+    nowhere["spec"]["nodes"] = 2
+    del nowhere["spec"]["output"]
+    _, errors = ft.check(nowhere)
+    for field in ("spec.training.learningRate", "spec.output"):
+        assert [e for e in errors if e.startswith(field)], (field, errors)
+    shared = _manifest("shared", "output", {"claimName": "single", "path": "team-b/llama"}, namespace)
+    shared["spec"]["nodes"] = 2
+    _, errors = ft.check(shared)
+    assert any(e.startswith("spec.output.path") and f"outside {namespace}/" in e for e in errors), errors
+    assert any(e.startswith("spec.output.claimName") and "ReadWriteOnce" in e for e in errors), errors

@@ -28,8 +28,18 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "finetune-operator"
 # Chart values for a test cluster: progress every 2 s instead of 15 (the tiny jobs train for seconds); a pod stuck on
-# a lost node force-deleted 10 s past its grace period and the node's NotReady instead of 30.
-FAST = ["--set", "operator.progressIntervalSeconds=2", "--set", "operator.forceDelete.afterSeconds=10"]
+# a lost node force-deleted 10 s past its grace period and the node's NotReady instead of 30; elastic jobs that resize
+# within seconds.
+FAST = [
+    "--set",
+    "operator.progressIntervalSeconds=2",
+    "--set",
+    "operator.forceDelete.afterSeconds=10",
+    "--set",
+    "elastic.minResizeCooldownSeconds=0",
+    "--set",
+    "elastic.minUnschedulableSeconds=1",
+]
 OPERATOR_NAMESPACE = "finetune-system"
 
 

@@ -110,6 +110,27 @@ def test_unschedulable_seconds_must_end_before_the_rendezvous_times_out() -> Non
     ]
 
 
+def test_a_resize_at_every_hiccup_is_refused_below_the_platforms_floors() -> None:
+    """Zero cooldown and a 1 s unschedulable window: any autoscaler delay shrinks the gang and a flapping node restarts
+    it again and again. Below the operator's floors (Helm values elastic.minResizeCooldownSeconds, 60, and
+    minUnschedulableSeconds, 30) a new job is refused, naming both fields and where the floors are set; a platform that
+    lowers them (a test cluster) admits it."""
+    hiccups = {"minNodes": 1, "resizeCooldownSeconds": 0, "unschedulableSeconds": 1}
+    training = {"maxSteps": 100, "gradientAccumulationSteps": 840}  # every size from 1 to 8 keeps the global batch
+    plan = decided(elastic_job({}, nodes=8, elastic=hiccups, training=training))
+    assert plan.status.state == "Failed" and plan.status.failure is not None
+    message = plan.status.failure.message
+    assert "spec.elastic.resizeCooldownSeconds: is 0s, below the 60s" in message, message
+    assert "spec.elastic.unschedulableSeconds: is 1s, below the 30s" in message, message
+    assert "Helm value elastic.minUnschedulableSeconds" in message
+    lowered = Settings(elastic_min_resize_cooldown_seconds=0, elastic_min_unschedulable_seconds=1)
+    assert decided(elastic_job({}, nodes=8, elastic=hiccups, training=training), settings=lowered).status.state == (
+        "Created"
+    )
+    # finetune validate does not know the platform's floors: it judges the rest
+    assert elastic_problems(parse_spec(base_spec(nodes=8, elastic=hiccups, training=training))) == []
+
+
 def test_the_elastic_checks_refuse_a_new_job_before_any_pod_and_never_fail_a_running_one() -> None:
     """Judged at the first admission: an operator upgrade (or an edit of rendezvousTimeoutSeconds) never fails a job
     that already runs."""
