@@ -80,6 +80,9 @@ class ClusterError(RuntimeError):
     """The control plane could not start, or one of its components died."""
 
 
+PORT_TRIES = 3  # starts on newly picked ports when a component found its port taken
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -301,6 +304,17 @@ class LocalCluster:
         if self.running():
             assert self.state
             return self.state
+        for tries_left in reversed(range(PORT_TRIES)):
+            try:
+                return self._start(timeout)
+            except ClusterError as e:
+                # A port picked free (free_port) can be taken by another process before the component binds it: the
+                # component exits at once saying so, and a start on newly picked ports succeeds.
+                if not tries_left or "address already in use" not in str(e):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> State:
         bins = ensure_binaries()
         t0 = time.monotonic()
         d = self.state_dir

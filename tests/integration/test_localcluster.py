@@ -39,3 +39,33 @@ def test_a_crashed_component_is_reported_with_its_log(tmp_path: Path) -> None:
         assert "controller" in str(e.value).split("last lines of", 1)[1]  # the log tail itself
     finally:
         c.stop()
+
+
+def test_a_port_taken_between_its_pick_and_the_bind_is_picked_again(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Ports are picked free and bound by the components a moment later, so another process may take one in between
+    (CI saw etcd exit with "bind: address already in use"). The first port handed out here is one a listener holds:
+    etcd fails on it, and the start tries again on newly picked ports instead of failing."""
+    import socket
+
+    from hack.localcluster import cluster
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks, real = [], cluster.free_port
+
+    def first_one_taken() -> int:
+        port = taken.getsockname()[1] if not picks else real()
+        picks.append(port)
+        return int(port)
+
+    monkeypatch.setattr(cluster, "free_port", first_one_taken)
+    c = LocalCluster(tmp_path / "cp")
+    try:
+        state = c.start()
+        assert c.api_get("/version")["gitVersion"] == f"v{state.version}"
+        assert picks[0] not in (state.api_port, state.etcd_port, state.etcd_peer_port, state.kcm_port)  # given up
+        assert picks[0] == taken.getsockname()[1] and len(picks) > 5  # a second set of ports was picked
+    finally:
+        c.stop()
+        taken.close()
