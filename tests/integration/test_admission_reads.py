@@ -128,3 +128,9 @@ def test_a_refused_placeholder_is_tried_again_later_and_later_not_every_pass(api
         assert jobs.state("el") == "Running" and [e.reason for e in jobs.events("el")].count("PlaceholderRefused") == 1
     finally:
         c._pool.shutdown(wait=False)
+        # Its pods are bound to a node no kubelet serves: removed here, as that kubelet would, so that nothing of the
+        # job outlives the test (an operator of a later test watching every namespace would find it terminating).
+        jobs.delete("el")
+        for pod in jobs.pods("el"):
+            client.CoreV1Api(api_client).delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        wait_for(lambda: not jobs.pods("el") and not jobs.exists("el"), timeout=30, what="the job and its pods gone")
