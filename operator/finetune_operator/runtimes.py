@@ -310,6 +310,7 @@ class Effective:
     values: tuple[Value, ...]  # the image's first
     floor: Runtime | None = None  # the cluster's default under a namespace's runtime (Choice.floor)
     pinned: dict[str, Any] = field(default_factory=dict)  # PINNED: the runtime's value at the first attempt, or None
+    template: dict[str, Any] = field(default_factory=dict)  # the template as merged: the runtime's, training pinned
 
     @property
     def image_source(self) -> str:
@@ -415,7 +416,8 @@ def resolve(
             "an attempt records in the job's status (status.runtime.template, with every job's status written "
             "whole); its owner should keep large values out of it (env from a ConfigMap or Secret by reference)",
         )
-    merged, sources = merge(raw, _pin(runtime.template if runtime else {}, pinned))
+    template = _pin(runtime.template if runtime else {}, pinned)
+    merged, sources = merge(raw, template)
     try:
         spec = parse_spec(merged)
     except SpecError as e:
@@ -473,14 +475,16 @@ def resolve(
         values=tuple(values),
         floor=choice.floor,
         pinned={path: _at(merged, path) if sources.get(path) == "runtime" else None for path in PINNED},
+        template=template,
     )
 
 
 def record(eff: Effective, attempt: int) -> dict[str, Any]:
-    """``status.runtime``: what the attempt was admitted with. The template is kept so that every later pass of the
-    attempt (and ``finetune status``) sees the spec the pods were built from, whatever the runtime says now; the
-    admitted resources so that the namespace's GPU usage, the GPU-seconds and the placeholders count what the pods
-    hold, even if the spec was edited in the moment between their creation and this record."""
+    """``status.runtime``: what the attempt was admitted with. The template as merged (the runtime's, its training
+    settings as at the first attempt) is kept so that every later pass of the attempt (and ``finetune status``) sees
+    the spec the pods were built from, whatever the runtime says now; the admitted resources so that the namespace's
+    GPU usage, the GPU-seconds and the placeholders count what the pods hold, even if the spec was edited in the
+    moment between their creation and this record."""
     out: dict[str, Any] = {
         "attempt": attempt,
         "chosenBy": eff.how,
@@ -489,7 +493,9 @@ def record(eff: Effective, attempt: int) -> dict[str, Any]:
         "training": dict(eff.pinned),
     }
     if eff.runtime is not None:
-        out.update(eff.runtime.snapshot(), template=copy.deepcopy(eff.runtime.template))
+        out.update(eff.runtime.snapshot())
+    if eff.runtime is not None or eff.template:
+        out["template"] = copy.deepcopy(eff.template)
     return out
 
 

@@ -466,6 +466,9 @@ def test_training_settings_a_runtime_gave_stay_those_of_the_first_attempt() -> N
     config = next(o for o in nxt.create if o["kind"] == "ConfigMap")["data"]["config.json"]
     assert '"precision": "bf16"' in config and "1000000" not in config, config
     assert nxt.status.runtime["training"] == first.status.runtime["training"]  # carried to every later attempt
+    later = read_job(job(nxt.status, nodes=2))  # every later pass of the attempt reads the spec its pods run
+    assert later.spec is not None and later.spec.training.precision == "bf16"
+    assert later.spec.training.checkpoint_every_steps != 1000000
     pods = trainer_pods(nxt)
     shm = next(v for v in pods[0]["spec"]["volumes"] if v["name"] == "shm")
     assert shm["emptyDir"]["sizeLimit"] == "2Gi"  # the pods take the new runtime
