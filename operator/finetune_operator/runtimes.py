@@ -457,7 +457,11 @@ def resolve(
                 {"job": "job", "runtime": "runtime: spec.template", "job + runtime": "job + runtime: spec.template"}[
                     source
                 ]
-                + (" (as at the job's first attempt)" if pinned is not None and path in PINNED else ""),
+                + (
+                    " (as at the job's first attempt)"
+                    if pinned is not None and path in PINNED and source == "runtime"
+                    else ""
+                ),
             )
         )
     for path, helm, attr in DEPRECATED_POD_DEFAULTS:

@@ -475,6 +475,12 @@ def test_training_settings_a_runtime_gave_stay_those_of_the_first_attempt() -> N
     # validate and `finetune status` say where the pinned value comes from
     shown = {v["field"]: v["source"] for v in nxt.status.runtime["values"]}
     assert shown["spec.training.precision"].endswith("(as at the job's first attempt)"), shown
+    own = decided(
+        job(evicted.status, nodes=2, training={"maxSteps": 10, "precision": "fp32"}),
+        observed=defaults([], [cluster_default]),
+    )
+    assert own.status.runtime is not None  # a setting the job made itself is the job's, at every attempt
+    assert {v["field"]: v["source"] for v in own.status.runtime["values"]}["spec.training.precision"] == "job"
 
 
 def test_a_namespace_default_cannot_drop_the_cluster_defaults_guardrails() -> None:
