@@ -33,7 +33,7 @@ from finetune_operator.builders import JobRef, output_claim_name, output_path
 from finetune_operator.history import series
 from finetune_operator.k8s import ApiError, Kube, Rejected
 from finetune_operator.settings import GROUP, LABEL_ATTEMPT, LABEL_RANK, OUTPUT_MOUNT, VERSION, Settings
-from finetune_operator.spec import JobSpec, RuntimeRef, SpecError, check_name, elastic_problems, parse_spec
+from finetune_operator.spec import JobSpec, SpecError, check_name, elastic_problems, parse_spec, runtime_ref_of
 from finetune_operator.status import FAILED, SUCCEEDED, TERMINAL
 
 STATES = ("Succeeded", "Failed", "Running", "Suspended", "finished")  # what wait() can wait for
@@ -380,12 +380,7 @@ class FineTuneClient:
         (finetune_operator.runtimes). None when the user may not read the runtimes. The operator's own settings (Helm
         values) are not the user's to read: the values they decide are shown as the operator's. Raises
         :class:`SpecError` when the merged spec cannot run, or the runtime does not exist."""
-        raw = (job.get("spec") or {}).get("runtimeRef")  # read alone: the rest of the spec may hold errors
-        ref = (
-            RuntimeRef(str(raw["name"]), str(raw.get("kind", runtimes.CLUSTER_KIND)))
-            if isinstance(raw, dict) and raw.get("name")
-            else None
-        )
+        ref = runtime_ref_of((job.get("spec") or {}).get("runtimeRef"))  # the rest of the spec may hold errors
         try:
             choice = self.kube.runtime_choice(job["metadata"]["namespace"], ref)
         except ApiError as e:

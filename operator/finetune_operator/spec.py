@@ -302,6 +302,14 @@ class RuntimeRef:
     kind: str = "ClusterFineTuneRuntime"  # or FineTuneRuntime, in the job's namespace
 
 
+def runtime_ref_of(ref: Any) -> RuntimeRef | None:
+    """``spec.runtimeRef`` as written (None when it names no runtime), read alone: ``finetune validate`` looks the
+    runtime up even when the rest of the spec holds errors; parse_spec reports what is wrong with it."""
+    if not isinstance(ref, dict) or not ref.get("name"):
+        return None
+    return RuntimeRef(str(ref["name"]), str(ref.get("kind", "ClusterFineTuneRuntime")))
+
+
 @dataclass(frozen=True)
 class Elastic:
     """spec.elastic: the gang may run on fewer nodes than spec.nodes, down to ``min_nodes`` (finetune_operator.elastic,
@@ -898,9 +906,7 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
     elastic = _parse_elastic(spec, nodes, errors)
     job_spec = JobSpec(
         elastic=elastic,
-        runtime_ref=RuntimeRef(str(ref["name"]), str(ref.get("kind", "ClusterFineTuneRuntime")))
-        if ref.get("name")
-        else None,
+        runtime_ref=runtime_ref_of(ref),
         model=model,
         dataset=dataset,
         output=output,
