@@ -399,12 +399,13 @@ class FineTuneClient:
         if eff is None:
             return []
         meta, own = job["metadata"], parse_spec(job.get("spec") or {}, complete=False)
-        found = self._claim_errors(meta["name"], meta["namespace"], eff.spec)
+        ref = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
+        found = self._claim_errors(ref.name, ref.namespace, eff.spec)
+        # An image of the operator's own settings (Helm values), which the user cannot read: the operator judges it
+        helm_image = eff.values[0].source.startswith("Helm value")
         for layer, origin, theirs_too in eff.layers():
-            # An image of the operator's own settings (Helm values), which the user cannot read: the operator judges it
-            helm_image = eff.values[0].source.startswith("Helm value")
             violation = guardrails.check(
-                JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", "")),
+                ref,
                 eff.spec,
                 replace(layer, allowed_image_prefixes=()) if helm_image else layer,
                 own=eff.spec if theirs_too else own,
