@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -54,6 +55,9 @@ DNS_IP = HOST_ADDRESS
 CLUSTER_DOMAIN = "cluster.local"
 RUN_DIR = Path("/run/finetune-nodes")  # containerd state and sockets (short paths: unix sockets have a length limit)
 KUBELET_DIR = Path("/var/lib/finetune-nodes")  # kubelet root dirs: on disk (emptyDirs), short (its sockets)
+# The state directory of the real nodes this machine runs, written before start changes the host and removed by stop.
+# On tmpfs: a reboot forgets it together with the links, mounts and firewall it stands for.
+OWNER = Path("/run/finetune-nodes.owner")
 # The sysctls a kubelet or kube-proxy sets on the host, and the one the nodes need (forwarding between bridges).
 SYSCTLS = (
     "net/ipv4/ip_forward",
@@ -327,30 +331,24 @@ class NodeCluster:
             if name == CP_BRIDGE or (name.startswith("ftn") and name[3:].isdigit()):
                 _run("ip", "link", "del", name, check=False)
 
-    def _cgroup_roots(self, create: bool, count: int | None = None) -> None:
-        for i in range(self.count if count is None else count):
+    def _cgroup_roots(self) -> None:
+        for i in range(self.count):
             for hierarchy in CGROUP_ROOT.iterdir():
                 if not (hierarchy / "cgroup.procs").exists():
                     continue
                 d = hierarchy / node_name(i)
-                if create:
-                    d.mkdir(exist_ok=True)
-                    for f in ("cpuset.cpus", "cpuset.mems"):  # cgroup v1 cpuset children start empty
-                        if (d / f).exists() and not (d / f).read_text().strip():
-                            (d / f).write_text((hierarchy / f).read_text())
-                else:
-                    _rmdir_cgroup(d)
+                d.mkdir(exist_ok=True)
+                for f in ("cpuset.cpus", "cpuset.mems"):  # cgroup v1 cpuset children start empty
+                    if (d / f).exists() and not (d / f).read_text().strip():
+                        (d / f).write_text((hierarchy / f).read_text())
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> NodesState:
-        if any(link["ifname"] == CP_BRIDGE for link in json.loads(_run("ip", "-j", "link", "show"))):
-            raise ClusterError(
-                f"real nodes already run on this machine (the bridge {CP_BRIDGE} exists); stop them "
-                "with `python -m hack.localcluster down --dir DIR` (make cluster-down)"
-            )
+        _clear_a_killed_run()
         t0 = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
+        OWNER.write_text(str(self.dir) + "\n")
         (self.dir / "logs").mkdir(exist_ok=True)
         snapshot = self.dir / "host-before.json"
         if not snapshot.exists():
@@ -362,7 +360,7 @@ class NodeCluster:
             (Path("/proc/sys/net/ipv4/ip_forward")).write_text("1\n")
             self.bridges_up(self.count)  # before the API server, which listens on HOST_ADDRESS
             self.cluster.start()
-            self._cgroup_roots(create=True)
+            self._cgroup_roots()
             pki = self.cluster.state_dir / "pki"
             for i in range(self.count):
                 self._start_containerd(i)
@@ -814,28 +812,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 pid = st.pids.get(f"containerd-{node_name(i)}")
                 if pid:
                     _stop_pid(pid, 15)
-            _kill_shims()
-        self._unmount_below(self.dir, RUN_DIR, KUBELET_DIR)
-        self._delete_netns()
         self.cluster.stop()
-        kube_proxy = BIN_DIR / "kube-proxy"
-        if kube_proxy.exists():
-            subprocess.run([str(kube_proxy), "--cleanup"], capture_output=True)
-        self.bridges_down()
-        self._cgroup_roots(create=False, count=count)
-        snapshot = self.dir / "host-before.json"
-        if snapshot.exists():
-            before = HostSnapshot.load(snapshot)
-            _wait_veths_gone(set(before.links))
-            before.restore()
-            snapshot.unlink()
-        shutil.rmtree(RUN_DIR, ignore_errors=True)
-        shutil.rmtree(KUBELET_DIR, ignore_errors=True)
-        for i in range(count):
-            shutil.rmtree(self.node_dir(i), ignore_errors=True)
+        _clear_host(self.dir)
         self.state = None
-        with contextlib.suppress(FileNotFoundError):
-            (self.dir / "nodes.json").unlink()
 
     def _remove_containers(self, i: int) -> None:
         """Stop the node's pods' containers (their shims outlive containerd otherwise)."""
@@ -851,25 +830,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         containers = subprocess.run([*ctr, "containers", "ls", "-q"], capture_output=True, text=True).stdout.split()
         for c in containers:
             subprocess.run([*ctr, "containers", "delete", c], capture_output=True)
-
-    def _delete_netns(self) -> None:
-        """Pod network namespaces containerd made (``/run/netns/cni-*``) that the snapshot did not hold."""
-        snapshot = self.dir / "host-before.json"
-        before = set(HostSnapshot.load(snapshot).mounts) if snapshot.exists() else set()
-        netns = Path("/run/netns")
-        for ns in netns.glob("cni-*") if netns.exists() else []:
-            if str(ns) not in before:
-                subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
-
-    @staticmethod
-    def _unmount_below(*roots: Path) -> None:
-        prefixes = tuple(str(r) + "/" for r in roots)
-        for _ in range(3):
-            targets = [m for m in _mounts() if m.startswith(prefixes) or m in {str(r) for r in roots}]
-            if not targets:
-                return
-            for m in sorted(targets, key=len, reverse=True):  # the deepest first
-                subprocess.run(["umount", "-l", m], capture_output=True)
 
 
 VOLUMES_PER_NODE = 6
@@ -895,6 +855,95 @@ def _rmdir_cgroup(d: Path) -> None:
             child.rmdir()
     with contextlib.suppress(OSError):
         d.rmdir()
+
+
+def _unmount_below(*roots: Path) -> None:
+    prefixes = tuple(str(r) + "/" for r in roots)
+    for _ in range(3):
+        targets = [m for m in _mounts() if m.startswith(prefixes) or m in {str(r) for r in roots}]
+        if not targets:
+            return
+        for m in sorted(targets, key=len, reverse=True):  # the deepest first
+            subprocess.run(["umount", "-l", m], capture_output=True)
+
+
+def _kill_node_cgroups(timeout: float = 10.0) -> None:
+    """SIGKILL what is left in the nodes' cgroups: a pod's processes outlive a shim killed before it stopped them.
+    Membership of a node's cgroup is what makes them the nodes' (no pid is taken on trust)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = {
+            int(pid)
+            for hierarchy in CGROUP_ROOT.iterdir()
+            if hierarchy.is_dir()
+            for procs in hierarchy.glob("ftn-node-*/**/cgroup.procs")
+            for pid in procs.read_text().split()
+        }
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def _clear_host(nodes_dir: Path | None) -> None:
+    """Remove what real nodes leave on the host once their processes are gone: shims, mounts, pod network
+    namespaces, the firewall chains of kube-proxy, links, cgroups, the run and kubelet directories; then put the
+    sysctls and the firewall back as ``nodes_dir``'s snapshot (taken before start) found them. ``nodes_dir`` None
+    (no snapshot to go by): every pod network namespace and node cgroup goes, and the sysctls stay as they are."""
+    snapshot = nodes_dir / "host-before.json" if nodes_dir else None
+    before = HostSnapshot.load(snapshot) if snapshot and snapshot.exists() else None
+    _kill_shims()
+    _kill_node_cgroups()
+    _unmount_below(*([nodes_dir] if nodes_dir else []), RUN_DIR, KUBELET_DIR)
+    netns = Path("/run/netns")
+    for ns in netns.glob("cni-*") if netns.exists() else []:  # containerd's; the snapshot's own stay
+        if before is None or str(ns) not in before.mounts:
+            subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
+    kube_proxy = BIN_DIR / "kube-proxy"
+    if kube_proxy.exists():
+        subprocess.run([str(kube_proxy), "--cleanup"], capture_output=True)
+    NodeCluster.bridges_down()
+    for hierarchy in CGROUP_ROOT.iterdir():
+        for d in sorted(hierarchy.glob("ftn-node-*")) if hierarchy.is_dir() else []:
+            _rmdir_cgroup(d)
+    if before is not None and snapshot is not None:
+        _wait_veths_gone(set(before.links))
+        before.restore()
+        snapshot.unlink()
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+    shutil.rmtree(KUBELET_DIR, ignore_errors=True)
+    if nodes_dir:
+        for d in nodes_dir.glob("ftn-node-*"):
+            shutil.rmtree(d, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (nodes_dir / "nodes.json").unlink()
+    if OWNER.exists() and (nodes_dir is None or OWNER.read_text().strip() == str(nodes_dir)):
+        OWNER.unlink()
+
+
+def _clear_a_killed_run() -> None:
+    """Before real nodes start: refuse while another set runs here, and clear what a run killed before its stop
+    (SIGKILL, a lost session) left on the host: its bridges, mounts and firewall chains would otherwise stop every
+    later start. Nothing of the earlier run is killed by a recorded pid (a pid may belong to another process by
+    now): a run with a node process still alive is a running one."""
+    links = {link["ifname"] for link in json.loads(_run("ip", "-j", "link", "show"))}
+    if CP_BRIDGE not in links and not OWNER.exists() and not RUN_DIR.exists():
+        return
+    owner = Path(OWNER.read_text().strip()) if OWNER.exists() else None
+    alive = [cmd for cmd in _node_processes() if "containerd-shim" not in cmd]
+    if alive:
+        where = f" --dir {owner.parent}" if owner else " --dir DIR"
+        raise ClusterError(
+            f"real nodes already run on this machine ({alive[0][:80]}…); stop them with "
+            f"`python -m hack.localcluster down{where}` (make cluster-down)"
+        )
+    print(
+        f"# clearing what real nodes killed before their stop left on this host ({owner or 'no state directory'})",
+        file=sys.stderr,
+    )
+    _clear_host(owner if owner and owner.is_dir() else None)
 
 
 def _node_processes() -> list[str]:
