@@ -231,6 +231,15 @@ class State:
         return cls(**json.loads(f.read_text()))
 
 
+def runs_with(pid: int, mark: str) -> bool:
+    """Whether ``pid`` is a live process whose command line holds ``mark`` (its state directory): the pid recorded
+    for a component of a run killed long ago may belong to another process by now, never to be signalled."""
+    try:
+        return _alive(pid) and mark in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -505,14 +514,15 @@ class LocalCluster:
         """Stop every component (SIGTERM, then SIGKILL) and wait until its ports are free."""
         state = self.state or State.load(self.state_dir)
         if state:
+            pids = {name: pid for name, pid in state.pids.items() if runs_with(pid, str(self.state_dir))}
             for name in reversed(COMPONENTS):
-                pid = state.pids.get(name)
+                pid = pids.get(name)
                 if pid is None:
                     continue
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGTERM)
             deadline = time.monotonic() + 15
-            for name, pid in state.pids.items():
+            for name, pid in pids.items():
                 while _alive(pid) and time.monotonic() < deadline:
                     self._reap(name)
                     time.sleep(0.1)

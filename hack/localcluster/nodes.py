@@ -802,16 +802,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.cluster.stop()
             return
         count = st.count
-        if st:
-            order = ["coredns", "kube-proxy", *[f"kubelet-{node_name(i)}" for i in range(count)]]
-            for name in order:
-                if name in st.pids:
-                    _stop_pid(st.pids[name], 15)
-            for i in range(count):
-                self._remove_containers(i)
-                pid = st.pids.get(f"containerd-{node_name(i)}")
-                if pid:
-                    _stop_pid(pid, 15)
+        pids = {name: pid for name, pid in st.pids.items() if _is_node_process(pid)}
+        for name in ["coredns", "kube-proxy", *[f"kubelet-{node_name(i)}" for i in range(count)]]:
+            if name in pids:
+                _stop_pid(pids[name], 15)
+        for i in range(count):
+            self._remove_containers(i)
+            if f"containerd-{node_name(i)}" in pids:
+                _stop_pid(pids[f"containerd-{node_name(i)}"], 15)
         self.cluster.stop()
         _clear_host(self.dir)
         self.state = None
@@ -946,27 +944,35 @@ def _clear_a_killed_run() -> None:
     _clear_host(owner if owner and owner.is_dir() else None)
 
 
+NODE_MARKS = (
+    str(RUN_DIR),
+    str(KUBELET_DIR),
+    "--hostname-override=ftn-node-",
+    "/nodes/ftn-node-",
+    "/nodes/kube-proxy.yaml",
+    "/nodes/Corefile",
+)  # what the command line of every node component (and of nothing else) holds
+
+
+def _cmdline(pid: int | str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _is_node_process(pid: int) -> bool:
+    """A live node component: a recorded pid of a run killed long ago may belong to another process by now."""
+    cmd = _cmdline(pid)
+    return cmd is not None and _alive(pid) and any(mark in cmd for mark in NODE_MARKS)
+
+
 def _node_processes() -> list[str]:
     """Command lines of processes that belong to real nodes (they name the nodes' run or kubelet directories)."""
     found = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        if any(
-            mark in cmd
-            for mark in (
-                str(RUN_DIR),
-                str(KUBELET_DIR),
-                "--hostname-override=ftn-node-",
-                "/nodes/ftn-node-",
-                "/nodes/kube-proxy.yaml",
-                "/nodes/Corefile",
-            )
-        ):
+        cmd = _cmdline(proc.name) if proc.name.isdigit() else None
+        if cmd is not None and any(mark in cmd for mark in NODE_MARKS):
             found.append(cmd[:200])
     return sorted(found)
 
