@@ -14,6 +14,7 @@ transitions: docs/architecture.md, "Lifecycle"; one pass step by step: docs/desi
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -451,6 +452,8 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         if rank0 is not None and rank0.result is not None:
             # The end of the curves from rank 0's result.json: the scrapes saw a step every few seconds at best.
             st.history = history.record_result(st.history, rank0.result, attempt=st.attempt)
+            if st.progress is None:  # it ran to the end between two scrapes: the step count from its summary
+                st.progress = _progress_of_result(rank0.result, now=p.now)
         st.completion_time = p.now
         st.ready_nodes = 0
         p.transition(SUCCEEDED, "AllRanksSucceeded", f"all {spec.nodes} rank(s) exited 0 in attempt {st.attempt}")
@@ -505,6 +508,28 @@ def _count_in_place(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | No
     )
     st.failure = Failure(reason="TrainingError", message=message, attempt=st.attempt)
     p.event("Warning", "RestartedInPlace", message)
+
+
+def _progress_of_result(result: dict[str, Any], *, now: datetime) -> Progress | None:
+    """``status.progress`` of a run no scrape saw (it finished within the first progress interval), from rank 0's
+    summary: the step it ended at, of as many, its throughput and its last logged loss."""
+    steps = result.get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps < 2**31:
+        return None
+    sps = result.get("samplesPerSecond")
+    losses = result.get("loss")
+    last = losses[-1] if isinstance(losses, list) and losses else None
+    loss = last[1] if isinstance(last, list) and len(last) == 2 and isinstance(last[1], int | float) else None
+    return Progress(
+        step=steps,
+        total_steps=steps,
+        step_of_total=f"{steps}/{steps}",
+        loss=float(loss) if loss is not None and math.isfinite(loss) else None,
+        samples_per_second=float(sps) if isinstance(sps, int | float) and math.isfinite(sps) and sps >= 0 else None,
+        eta_seconds=0,
+        eta="0s",
+        update_time=now,
+    )
 
 
 def _at_least_the_checkpoint(progress: Progress) -> Progress:

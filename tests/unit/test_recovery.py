@@ -383,3 +383,26 @@ def test_a_new_attempts_pods_get_the_restarts_left_to_make_in_place() -> None:
     ]
     assert [e["FINETUNE_RESTARTS_IN_PLACE"] for e in envs] == ["2", "2"]
     assert plan.status.progress is None or plan.status.progress.restarts_in_place is None
+
+
+def test_a_run_that_ends_before_its_first_scrape_shows_the_steps_of_its_summary() -> None:
+    """The quickstart trains its 60 steps in seconds, inside the first progress interval: no scrape saw it, and the
+    succeeded job still says 60/60, with its throughput and last loss, from rank 0's summary (its termination
+    message). A progress a scrape wrote is completed, not replaced."""
+    result = {"steps": 60, "attempt": 0, "samplesPerSecond": 140.5, "loss": [[50, 0.7], [60, 0.52]]}
+    message = json.dumps({"reason": "Completed", "message": "done", "result": result})
+    plan = decided(job(dict(STARTED), nodes=1), [running(0, phase="Succeeded", code=0, message=message)])
+    p = plan.status.progress
+    assert plan.status.state == "Succeeded" and p is not None
+    assert (p.step, p.total_steps, p.step_of_total, p.loss, p.samples_per_second, p.eta) == (
+        60, 60, "60/60", 0.52, 140.5, "0s",
+    )  # fmt: skip
+    wire = job(dict(STARTED), nodes=1)
+    wire["status"]["progress"] = {"step": 40, "totalSteps": 60, "stepOfTotal": "40/60", "loss": 0.9}
+    later = decided(wire, [running(0, phase="Succeeded", code=0, message=message)]).status.progress
+    assert later is not None and (later.step, later.step_of_total, later.loss) == (60, "60/60", 0.9)
+    odd = json.dumps({"reason": "Completed", "result": {"steps": "sixty", "loss": "x"}})
+    assert (
+        decided(job(dict(STARTED), nodes=1), [running(0, phase="Succeeded", code=0, message=odd)]).status.progress
+        is None
+    )
