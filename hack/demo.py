@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from hack.localcluster.cluster import BIN_DIR, default_state_dir
-from hack.localcluster.nodes import NodeCluster, ensure_node_binaries, image_names, node_store
+from hack.localcluster.nodes import NodeCluster, chart_image_values, ensure_node_binaries, image_names, node_store
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "finetune-demo"
@@ -34,17 +34,7 @@ def helm_install(kubeconfig: str, images: dict[str, str]) -> None:
     from hack.helmtools import BUILD, tools_dir
 
     subprocess.run(["bash", str(BUILD), "--helm"], check=True, stdout=subprocess.DEVNULL)  # only helm, cached
-    values = []
-    for key, prefix in (("operator", "image"), ("trainer", "trainer.image")):
-        repo, tag = images[key].rsplit(":", 1)
-        values += [
-            "--set",
-            f"{prefix}.repository={repo}",
-            "--set",
-            f"{prefix}.tag={tag}",
-            "--set",
-            f"{prefix}.pullPolicy=Never",
-        ]  # built here: on the nodes, in no registry
+    values = chart_image_values(images)
     subprocess.run(
         [
             str(tools_dir() / "bin" / "helm"),

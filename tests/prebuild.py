@@ -1,7 +1,8 @@
 """The Go tools only some tiers need, built in the background while the tiers that do not need them run.
 
-On a cold machine helm, promtool and controller-gen (the chart tier, and helm for real nodes) and Kueue's controller
-manager (the Kueue tests) take about ten minutes of compiling. The session runs its tiers in an order that puts
+On a cold machine helm, promtool and controller-gen (the chart tier, and helm for real nodes), Kueue's controller
+manager (the Kueue tests) and the distribution registry (the local release, real nodes) take about twelve minutes of
+compiling. The session runs its tiers in an order that puts
 the tests needing them late (``tier``) and starts their builds at the lowest CPU priority when the session begins, so
 they take the CPU the earlier tiers leave idle while they wait on the API server, kubelets and timeouts. A test that
 needs a tool calls the same build script, which waits on the build's lock and then finds it complete. Warm, the
@@ -22,6 +23,7 @@ CACHE = Path(os.environ.get("FINETUNE_CACHE", Path.home() / ".cache" / "finetune
 SCRIPTS = {  # what the tests call to get each tool (hack/helmtools.ensure_tools, hack/kueue.ensure_built)
     "chart tools": ROOT / "hack" / "helmtools" / "build.sh",
     "kueue": ROOT / "hack" / "kueue" / "build.sh",
+    "registry": ROOT / "hack" / "registry" / "build.sh",  # the local release (real nodes)
 }
 
 

@@ -10,10 +10,10 @@
 #   - the node store: a containerd root holding all three, imported and unpacked once (node-store.sh); every node's
 #     containerd starts from a hard-linked clone of it (hack/localcluster/nodes.py).
 # Images are named by a key of what they are built from (Dockerfile, context files, the base's key), so a warm run
-# rebuilds nothing and a change rebuilds only what it touches. Once the store holds the operator and trainer images,
-# buildah's copies (7 GB for the trainer) are removed: the store is what the nodes and the tests use, and the next
-# store starts from it. Storage for podman and buildah
-# is under $FINETUNE_CACHE/containers, not the host's /var/lib/containers.
+# rebuilds nothing and a change rebuilds only what it touches. buildah keeps the current operator and trainer images
+# (7 GB for the trainer) beside the store, as the local release pushes them to a registry (hack/release.py local);
+# older builds are removed. Storage for podman and buildah is under $FINETUNE_CACHE/containers, not the host's
+# /var/lib/containers.
 #
 #   hack/images/build.sh            build what is missing; the last line printed is the store's path
 #   hack/images/build.sh --images   only the base, uv, operator and trainer images (no Go module needed: what a
@@ -70,8 +70,12 @@ case "${1:-}" in
   --env) printf 'export CONTAINERS_STORAGE_CONF=%q CONTAINERS_CONF=%q\n' "$CONTAINERS_STORAGE_CONF" "$CONTAINERS_CONF"; exit 0 ;;
   --images) images_only=1 ;;
 esac
-if [[ -f "$NODE_STORE/.complete" ]]; then
-  echo "images: $OPERATOR, $TRAINER (cached in the node store)" >&2
+# The builds the store was made from: a rebuild under the same name (the same inputs) is other content, and a node
+# that holds other layers than the registry's would fetch all of them.
+ids() { for img in "$OPERATOR" "$TRAINER"; do printf '%s %s\n' "$img" "$(podman image inspect --format '{{.Id}}' "$img" 2>/dev/null)"; done; }
+built() { [[ -f "$NODE_STORE/.complete" ]] && [[ "$(ids)" == "$(cat "$NODE_STORE/image-ids" 2>/dev/null)" ]]; }
+if built; then
+  echo "images: $OPERATOR, $TRAINER (cached, and in the node store)" >&2
   echo "$NODE_STORE"
   exit 0
 fi
@@ -81,12 +85,14 @@ for tool in buildah podman debootstrap containerd ctr gcc go; do
 done
 exec 9>"$store/.lock"  # one build at a time
 flock 9
-if [[ -f "$NODE_STORE/.complete" ]]; then echo "$NODE_STORE"; exit 0; fi  # built by another process meanwhile
+if built; then echo "$NODE_STORE"; exit 0; fi  # built by another process meanwhile
 # The newest complete store: the next one starts as a hard-linked copy of it, so an image it holds is neither
 # rebuilt nor imported again (an operator change does not cost a trainer rebuild).
 prev_store=""
+if [[ -f "$NODE_STORE/.complete" ]]; then  # holds other builds of these names: the new store starts from it
+  rm -rf "$NODE_STORE.old" && mv "$NODE_STORE" "$NODE_STORE.old"
+fi
 for marker in $(ls -dt "$cache"/node-store-*/.complete 2>/dev/null || true); do prev_store="${marker%/.complete}"; break; done
-[[ "$prev_store" == "$NODE_STORE" ]] && prev_store=""
 exists() { podman image exists "$1" 2>/dev/null || { [[ -n "$prev_store" ]] && grep -qx "$1" "$prev_store/images"; }; }
 t0=$(date +%s)
 
@@ -129,8 +135,12 @@ fi
 printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$store/pip.conf"
 printf 'native-tls = true\nno-cache = true\n' > "$store/uv.toml"  # no cache in the build container: 7 GB less at the peak
 build() {  # build IMAGE DOCKERFILE CONTEXT
-  local image=$1 dockerfile=$2 context=$3 s
-  exists "$image" && return 0
+  local image=$1 dockerfile=$2 context=$3 s old
+  podman image exists "$image" 2>/dev/null && return 0
+  # An older build of the same image goes first (the previous store holds it): one 7 GB trainer at a time.
+  for old in $(podman images --format '{{.Repository}}:{{.Tag}}' | grep "^${image%%:*}:" || true); do
+    podman rmi -f "$old" >/dev/null 2>&1 || true
+  done
   echo "images: building $image from ${dockerfile#"$root"/}" >&2
   s=$(date +%s)
   buildah bud --quiet --format docker --network host --pull=never --layers=false \
@@ -144,12 +154,17 @@ build "$OPERATOR" "$root/operator/Dockerfile" "$root"
 build "$TRAINER" "$root/trainer-image/Dockerfile.cpu" "$root/trainer-image"
 [[ -n "${images_only:-}" ]] && { echo "images: built in $(( $(date +%s) - t0 ))s" >&2; exit 0; }
 
-bash "$here/node-store.sh" "$NODE_STORE" "$prev_store" "$PAUSE" "$OPERATOR" "$TRAINER"
+# An image the previous store holds under its name but from another build is imported again (FRESH).
+fresh=()
+while read -r img id; do
+  [[ -n "$prev_store" ]] && grep -qxF "$img $id" "$prev_store/image-ids" 2>/dev/null || fresh+=("$img")
+done <<<"$(ids)"
+FRESH="${fresh[*]}" bash "$here/node-store.sh" "$NODE_STORE" "$prev_store" "$PAUSE" "$OPERATOR" "$TRAINER"
+ids > "$NODE_STORE/image-ids"
 
-# Keep the small images the next builds start from; drop the operator and trainer images the store now holds (the
-# next store starts from this one) and every older build.
+# Keep the images the next builds start from and the current operator and trainer; drop every older build.
 buildah rm --all >/dev/null 2>&1 || true
-keep=("$BASE" "$UV" "$PAUSE")
+keep=("$BASE" "$UV" "$PAUSE" "$OPERATOR" "$TRAINER")
 podman images --format '{{.Repository}}:{{.Tag}}' | while read -r img; do
   [[ " ${keep[*]} " == *" $img "* ]] || podman rmi -f "$img" >/dev/null 2>&1 || true
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The image store real nodes start from (called by build.sh):  node-store.sh STORE PREVIOUS_STORE PAUSE_IMAGE IMAGE...
+# The image store real nodes start from (called by build.sh):  [FRESH="IMAGE..."] node-store.sh STORE PREVIOUS_STORE PAUSE_IMAGE IMAGE...
 # A containerd root (STORE/root) holding the images, imported from buildah's storage and unpacked once into
 # overlayfs snapshots. It starts as a hard-linked copy of PREVIOUS_STORE (may be empty): an image that one holds is
 # kept, not imported again, and the images no longer wanted are removed from the copy. The layer blobs are then dropped, as containerd's own discard_unpacked_layers does: a node
@@ -41,6 +41,10 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 100); do [[ -S "$run/containerd.sock" ]] && break; sleep 0.1; done
 ctr=(ctr --address "$run/containerd.sock" -n k8s.io)
+have="$("${ctr[@]}" images ls -q)"
+for img in ${FRESH:-}; do  # another build under a name the previous store holds: imported again
+  if grep -qx "$img" <<<"$have"; then "${ctr[@]}" images rm --sync "$img" >/dev/null; fi
+done
 have="$("${ctr[@]}" images ls -q)"
 for img in $have; do  # images of the previous store that are not wanted any more (--sync: their snapshots go too)
   [[ " $pause $* " == *" $img "* ]] || "${ctr[@]}" images rm --sync "$img" >/dev/null

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from hack.localcluster.cluster import _issue_cert, _openssl, free_port
+from hack.localcluster.cluster import _issue_cert, _openssl, free_port, stop_group
 
 HERE = Path(__file__).resolve().parent
 VERSION = (HERE / "version").read_text().strip()
@@ -270,12 +269,5 @@ class LocalKueue:
         ):
             with contextlib.suppress(KueueError):
                 self._kubectl("delete", kind, "--ignore-not-found", name)
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)

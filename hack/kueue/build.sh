@@ -9,16 +9,9 @@ KUEUE_VERSION="${KUEUE_VERSION:-$(cat "$(dirname "${BASH_SOURCE[0]}")/version")}
 cache="${FINETUNE_CACHE:-$HOME/.cache/finetune-operator}"
 out="$cache/kueue-$KUEUE_VERSION"
 
-if [[ "${1:-}" == "--path" ]]; then echo "$out"; exit 0; fi
-if [[ -f "$out/.complete" ]]; then
-  echo "kueue: $out (cached)"
-  exit 0
-fi
-command -v go >/dev/null || { echo "kueue/build.sh: the go toolchain is required" >&2; exit 1; }
-mkdir -p "$cache"
-exec 9>"$out.lock"  # one build at a time (parallel test sessions)
-flock 9
-if [[ -f "$out/.complete" ]]; then echo "kueue: $out (built by another process)"; exit 0; fi
+# shellcheck source=../lib/cached-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/cached-build.sh"
+cached_build kueue "$out" "$@"
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 src="$out/src"
 rm -rf "$src"

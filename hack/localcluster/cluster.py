@@ -231,6 +231,21 @@ class State:
         return cls(**json.loads(f.read_text()))
 
 
+def stop_group(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
+    """Stop a process started in a session of its own (``start_new_session``) and everything it started: SIGTERM to
+    its group, SIGKILL after ``timeout`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def runs_with(pid: int, mark: str) -> bool:
     """Whether ``pid`` is a live process whose command line holds ``mark`` (its state directory): the pid recorded
     for a component of a run killed long ago may belong to another process by now, never to be signalled."""

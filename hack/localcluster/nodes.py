@@ -1022,6 +1022,18 @@ def image_names() -> dict[str, str]:
     return {k: v for k, v in (line.split() for line in out.splitlines()) if k in ("operator", "trainer")}
 
 
+def chart_image_values(images: dict[str, str]) -> list[str]:
+    """helm --set flags that point the chart at the images built here (``image_names``): on the nodes, in no
+    registry, so never pulled. The trainer image stands for the CUDA one and is the cpu runtime's too."""
+    out = []
+    for key, prefix in (("operator", "image"), ("trainer", "trainer.image"), ("trainer", "trainer.cpuImage")):
+        repo, tag = images[key].rsplit(":", 1)
+        out += ["--set", f"{prefix}.repository={repo}", "--set", f"{prefix}.tag={tag}"]
+        if prefix != "trainer.cpuImage":  # trainer.image.pullPolicy is every trainer container's
+            out += ["--set", f"{prefix}.pullPolicy=Never"]
+    return out
+
+
 def ensure_node_binaries() -> None:
     if not (BIN_DIR / "kubelet").exists() or not (BIN_DIR / "coredns").exists():
         subprocess.run(["bash", str(HERE / "build-node.sh")], check=True)
@@ -1068,4 +1080,14 @@ def nodes_main(command: str, state_dir: Path, count: int) -> int:
     return 0
 
 
-__all__ = ["CP_BRIDGE", "DNS_IP", "SERVICE_CIDR", "HostSnapshot", "NodeCluster", "clone_store", "node_ip", "node_name"]
+__all__ = [
+    "CP_BRIDGE",
+    "DNS_IP",
+    "SERVICE_CIDR",
+    "HostSnapshot",
+    "NodeCluster",
+    "chart_image_values",
+    "clone_store",
+    "node_ip",
+    "node_name",
+]

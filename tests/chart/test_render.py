@@ -510,13 +510,19 @@ def test_every_alerts_runbook_is_a_heading_of_this_repositorys_troubleshooting_g
 
 def test_the_chart_ships_its_runtimes_with_its_trainer_images(helm: Helm) -> None:
     """ClusterFineTuneRuntimes cpu and gpu, as post-install/upgrade hooks (their CRD is one of the release's own
-    objects), with the chart's trainer images; runtimes.default marks one the default, none by default."""
-    docs = helm.render({"trainer": {"image": {"repository": "registry.corp/ml/trainer", "tag": "2"}}})
+    objects), with the chart's trainer images (cpu: the CPU image, or the default one when trainer.cpuImage has no
+    repository); runtimes.default marks one the default, none by default."""
+    trainer = {"repository": "registry.corp/ml/trainer", "tag": "2"}
+    docs = helm.render({"trainer": {"image": trainer, "cpuImage": {"repository": "registry.corp/ml/trainer-cpu"}}})
     cpu, gpu = (one(docs, "ClusterFineTuneRuntime", name) for name in ("cpu", "gpu"))
+    assert cpu["spec"]["images"]["default"] == "registry.corp/ml/trainer-cpu:0.1.0"  # the chart's appVersion
+    assert gpu["spec"]["images"]["default"] == "registry.corp/ml/trainer:2"
     for rt in (cpu, gpu):
-        assert rt["spec"]["images"]["default"] == "registry.corp/ml/trainer:2"
+        assert rt["spec"]["images"]["ort"] == "ghcr.io/finetune-operator/trainer-ort:0.1.0"
         assert rt["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
         assert "finetune.dev/is-default-runtime" not in rt["metadata"]["annotations"]
+    one_image = helm.render({"trainer": {"image": trainer, "cpuImage": {"repository": ""}}})
+    assert one(one_image, "ClusterFineTuneRuntime", "cpu")["spec"]["images"]["default"] == "registry.corp/ml/trainer:2"
     assert gpu["spec"]["template"]["resources"]["limits"] == {"nvidia.com/gpu": 1}
     chosen = one(helm.render({"runtimes": {"default": "gpu"}}), "ClusterFineTuneRuntime", "gpu")
     assert chosen["metadata"]["annotations"]["finetune.dev/is-default-runtime"] == "true"

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from hack.localcluster.nodes import chart_image_values
 from tests.conftest import Cluster
 from tests.waiting import wait_for
 
@@ -44,13 +45,14 @@ OPERATOR_NAMESPACE = "finetune-system"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The CLI's up/down test runs before the tier's own nodes start (one set of real nodes per machine); Kueue
-    (its webhooks and CRDs stay on the cluster) and a lost node (which boots again) come last."""
+    """The CLI's up/down test runs before the tier's own nodes start (one set of real nodes per machine); the release
+    installed from its OCI chart next, before the tier's chart-installed operator (the same release); Kueue (its
+    webhooks and CRDs stay on the cluster) and a lost node (which boots again) come last."""
     mine = [i for i, item in enumerate(items) if "/realnodes/" in str(item.fspath)]
     if mine:
         block = [items[i] for i in mine]
-        last = {"test_host.py": 0, "test_kueue.py": 2, "test_node_loss.py": 3}
-        block.sort(key=lambda item: last.get(item.fspath.basename, 1))  # stable otherwise
+        order = {"test_host.py": 0, "test_release.py": 1, "test_kueue.py": 3, "test_node_loss.py": 4}
+        block.sort(key=lambda item: order.get(item.fspath.basename, 2))  # stable otherwise
         for i, item in zip(mine, block, strict=True):
             items[i] = item
 
@@ -155,7 +157,7 @@ def install_chart(rc: RealCluster, *extra: str) -> str:
         "-n",
         OPERATOR_NAMESPACE,
         "--create-namespace",
-        *image_values(rc.images),
+        *chart_image_values(rc.images),
         *FAST,
         "--wait",
         "--timeout",
@@ -167,22 +169,6 @@ def install_chart(rc: RealCluster, *extra: str) -> str:
         dump = rc.kubectl("get", "pods,events", "-n", OPERATOR_NAMESPACE, "-o", "wide", check=False)
         raise AssertionError(f"helm install failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{dump}")
     return proc.stdout
-
-
-def image_values(images: dict[str, str]) -> list[str]:
-    """helm --set flags that point the chart at locally built images (never pulled: they exist only on the nodes)."""
-    out = []
-    for key, prefix in (("operator", "image"), ("trainer", "trainer.image")):
-        repo, tag = images[key].rsplit(":", 1)
-        out += [
-            "--set",
-            f"{prefix}.repository={repo}",
-            "--set",
-            f"{prefix}.tag={tag}",
-            "--set",
-            f"{prefix}.pullPolicy=Never",
-        ]
-    return out
 
 
 @pytest.fixture(scope="package")

@@ -90,6 +90,15 @@ namespace (it refuses a runAsUser outside the namespace's range). */}}
 {{- include "finetune-operator.imageRef" (dict "root" . "image" .Values.trainer.image) }}
 {{- end }}
 
+{{/* The cpu runtime's trainer image: trainer.cpuImage, or trainer.image when its repository is empty. */}}
+{{- define "finetune-operator.trainerCpuImage" -}}
+{{- if .Values.trainer.cpuImage.repository }}
+{{- include "finetune-operator.imageRef" (dict "root" . "image" .Values.trainer.cpuImage) }}
+{{- else }}
+{{- include "finetune-operator.trainerImage" . }}
+{{- end }}
+{{- end }}
+
 {{- define "finetune-operator.trainerOrtImage" -}}
 {{- include "finetune-operator.imageRef" (dict "root" . "image" .Values.trainer.ortImage) }}
 {{- end }}
