@@ -55,13 +55,19 @@ ONE_PER_NODE = {
 }
 
 
-def running_at(rc: RealCluster, namespace: str, attempt: int, nodes: int, past_step: int) -> dict[str, Any] | None:
-    """The status once ``attempt`` runs on ``nodes`` nodes and rank 0 reports a step beyond ``past_step``."""
+def running_at(
+    rc: RealCluster, namespace: str, out: Any, attempt: int, *, nodes: int, past_step: int
+) -> dict[str, Any] | None:
+    """The status once ``attempt`` trains on ``nodes`` nodes (its pods run and rank 0 has written the attempt's record,
+    which it does as training starts) and rank 0 reports a step beyond ``past_step``. The record matters: the status
+    keeps the step the attempt before reached until the new one's first scrape, and that is past a checkpoint of
+    before already."""
     st = job_status(rc, namespace, "elastic")
     step = (st.get("progress") or {}).get("step") or 0
     elastic = st.get("elastic") or {}
     ok = st.get("attempt") == attempt and st.get("state") == "Running" and elastic.get("currentNodes") == nodes
-    return st if ok and step > past_step else None
+    started = (out / "attempts" / f"attempt-{attempt}.json").exists()
+    return st if ok and started and step > past_step else None
 
 
 def record(out: Any, attempt: int) -> dict[str, Any]:
@@ -117,7 +123,7 @@ def test_a_lost_node_shrinks_the_gang_and_its_return_grows_it_back_with_the_glob
         rc.nodes.lose(lost_node)
         checkpoint = complete_checkpoints(out)[-1]
         small = wait_for(
-            lambda: running_at(rc, namespace, 1, 1, checkpoint),
+            lambda: running_at(rc, namespace, out, 1, nodes=1, past_step=checkpoint),
             timeout=420,
             what="attempt 1 training on one node",
             interval=0.5,
@@ -141,7 +147,7 @@ def test_a_lost_node_shrinks_the_gang_and_its_return_grows_it_back_with_the_glob
         figures["node_rejoined_after_s"] = round(time.monotonic() - t1, 1)
         at_grow = complete_checkpoints(out)[-1]
         wait_for(
-            lambda: running_at(rc, namespace, 2, 2, at_grow),
+            lambda: running_at(rc, namespace, out, 2, nodes=2, past_step=at_grow),
             timeout=420,
             what="attempt 2 training on both nodes again",
             interval=0.5,
