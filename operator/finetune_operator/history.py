@@ -167,7 +167,7 @@ MAX_STEP = 2**53  # a step above it is not a step (JSON numbers stay exact below
 MAX_RESULT_POINTS = 10_000  # of a termination message's curves (it holds at most 4 KiB anyway)
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     """A finite JSON number (not a boolean), as a float; None for anything else (the message is the trainer's, or a
     custom image's, and may hold anything)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -179,31 +179,32 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def result_curve(result: dict[str, Any], key: str) -> list[tuple[int, float]]:
+    """One curve of rank 0's summary (``loss`` or ``eval``: ``[[step, value], ...]``), what of it is well formed."""
+    items = result.get(key)
+    out = []
+    for item in items[:MAX_RESULT_POINTS] if isinstance(items, list) else []:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            step, value = finite_number(item[0]), finite_number(item[1])
+            if step is not None and value is not None and 0 <= step < MAX_STEP:
+                out.append((int(step), value))
+    return out
+
+
 def record_result(history: History | None, result: dict[str, Any], *, attempt: int) -> History:
     """``history`` completed from rank 0's summary of a succeeded run (the trainer's ``result.json``, through its
     termination message): its logged losses ``[step, loss]`` and evaluations ``[step, loss]`` fill in the attempt's
     curve between and after the scrapes (which see a step every few seconds and miss the last ones); a step already
     recorded keeps its throughput and learning rate and gains the logged loss. Then thinned as always."""
     h = history or History()
-
-    def pairs(key: str) -> list[tuple[int, float]]:
-        items = result.get(key)
-        out = []
-        for item in items[:MAX_RESULT_POINTS] if isinstance(items, list) else []:
-            if isinstance(item, list | tuple) and len(item) == 2:
-                step, value = _number(item[0]), _number(item[1])
-                if step is not None and value is not None and 0 <= step < MAX_STEP:
-                    out.append((int(step), value))
-        return out
-
     # The result's curves cover the whole run: the points up to the step this attempt resumed from are earlier
     # attempts' (their scrapes recorded them, under their own attempt).
-    start = _number(result.get("resumedFromStep")) or 0
-    sps = _number(result.get("samplesPerSecond"))
-    train = [TrainPoint(attempt, s, loss) for s, loss in pairs("loss") if s > start]
+    start = finite_number(result.get("resumedFromStep")) or 0
+    sps = finite_number(result.get("samplesPerSecond"))
+    train = [TrainPoint(attempt, s, loss) for s, loss in result_curve(result, "loss") if s > start]
     if train and sps is not None and sps >= 0:
         train[-1] = replace(train[-1], samples_per_second=sps)
-    evals = [EvalPoint(attempt, s, loss) for s, loss in pairs("eval") if s > start]
+    evals = [EvalPoint(attempt, s, loss) for s, loss in result_curve(result, "eval") if s > start]
     merged_train = _merge(
         h.train,
         attempt,

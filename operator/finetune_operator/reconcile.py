@@ -14,7 +14,6 @@ transitions: docs/architecture.md, "Lifecycle"; one pass step by step: docs/desi
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -516,16 +515,14 @@ def _progress_of_result(result: dict[str, Any], *, now: datetime) -> Progress | 
     steps = result.get("steps")
     if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps < 2**31:
         return None
-    sps = result.get("samplesPerSecond")
-    losses = result.get("loss")
-    last = losses[-1] if isinstance(losses, list) and losses else None
-    loss = last[1] if isinstance(last, list) and len(last) == 2 and isinstance(last[1], int | float) else None
+    sps = history.finite_number(result.get("samplesPerSecond"))
+    losses = history.result_curve(result, "loss")
     return Progress(
         step=steps,
         total_steps=steps,
         step_of_total=f"{steps}/{steps}",
-        loss=float(loss) if loss is not None and math.isfinite(loss) else None,
-        samples_per_second=float(sps) if isinstance(sps, int | float) and math.isfinite(sps) and sps >= 0 else None,
+        loss=losses[-1][1] if losses else None,
+        samples_per_second=sps if sps is not None and sps >= 0 else None,
         eta_seconds=0,
         eta="0s",
         update_time=now,
