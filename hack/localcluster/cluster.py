@@ -246,13 +246,19 @@ def stop_group(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> N
         proc.wait()
 
 
-def runs_with(pid: int, mark: str) -> bool:
-    """Whether ``pid`` is a live process whose command line holds ``mark`` (its state directory): the pid recorded
-    for a component of a run killed long ago may belong to another process by now, never to be signalled."""
+def cmdline(pid: int | str) -> str | None:
+    """The command line of process ``pid``, its arguments joined by spaces; None when there is no such process."""
     try:
-        return _alive(pid) and mark in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
-        return False
+        return None
+
+
+def runs_with(pid: int, *marks: str) -> bool:
+    """Whether ``pid`` is a live process whose command line holds one of ``marks`` (its state directory, say): the pid
+    recorded for a component of a run killed long ago may belong to another process by now, never to be signalled."""
+    cmd = cmdline(pid)
+    return cmd is not None and _alive(pid) and any(mark in cmd for mark in marks)
 
 
 def _alive(pid: int) -> bool:

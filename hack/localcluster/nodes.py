@@ -43,7 +43,9 @@ from hack.localcluster.cluster import (
     LocalCluster,
     _alive,
     _issue_cert,
+    cmdline,
     free_port,
+    runs_with,
     write_kubeconfig,
 )
 
@@ -802,7 +804,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.cluster.stop()
             return
         count = st.count
-        pids = {name: pid for name, pid in st.pids.items() if _is_node_process(pid)}
+        pids = {name: pid for name, pid in st.pids.items() if runs_with(pid, *NODE_MARKS)}
         for name in ["coredns", "kube-proxy", *[f"kubelet-{node_name(i)}" for i in range(count)]]:
             if name in pids:
                 _stop_pid(pids[name], 15)
@@ -954,24 +956,11 @@ NODE_MARKS = (
 )  # what the command line of every node component (and of nothing else) holds
 
 
-def _cmdline(pid: int | str) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _is_node_process(pid: int) -> bool:
-    """A live node component: a recorded pid of a run killed long ago may belong to another process by now."""
-    cmd = _cmdline(pid)
-    return cmd is not None and _alive(pid) and any(mark in cmd for mark in NODE_MARKS)
-
-
 def _node_processes() -> list[str]:
     """Command lines of processes that belong to real nodes (they name the nodes' run or kubelet directories)."""
     found = []
     for proc in Path("/proc").iterdir():
-        cmd = _cmdline(proc.name) if proc.name.isdigit() else None
+        cmd = cmdline(proc.name) if proc.name.isdigit() else None
         if cmd is not None and any(mark in cmd for mark in NODE_MARKS):
             found.append(cmd[:200])
     return sorted(found)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.localcluster.cluster import BIN_DIR
+from hack.localcluster.cluster import BIN_DIR, cmdline
 from hack.localcluster.nodes import KUBELET_DIR, RUN_DIR, HostSnapshot, image_names
 
 pytestmark = pytest.mark.realnodes
@@ -52,9 +52,8 @@ def kill_like_a_lost_session(state: Path) -> list[str]:
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+        cmd = cmdline(proc.name)
+        if cmd is None:
             continue
         ours = str(state) in cmd or str(RUN_DIR) in cmd or str(KUBELET_DIR) in cmd or "ftn-node-" in cmd
         if ours and "containerd-shim" not in cmd:
