@@ -161,19 +161,26 @@ class ReleaseError(RuntimeError):
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
-def push_build(image: str, repository: str) -> str:
-    """``image`` (an image buildah holds, tagged with the key of what it is built from) pushed once to
-    ``repository`` (``host:port/owner/name``, a plain-HTTP registry of this machine) under that key; returns the
-    reference it has there. A registry that holds the tag already is not pushed to again."""
+def _registry_call(url: str, method: str = "GET", data: bytes | None = None, ctype: str | None = None) -> Any:
+    """One call of a (plain-HTTP, this machine's) registry's API, asking for OCI manifests; the open response."""
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Accept", OCI_MANIFEST)
+    if ctype:
+        req.add_header("Content-Type", ctype)
+    return urllib.request.urlopen(req, timeout=60)
+
+
+def push_build(image: str, repository: str, env: dict[str, str]) -> str:
+    """``image`` (an image buildah holds in the storage ``env`` names, tagged with the key of what it is built from)
+    pushed once to ``repository`` (``host:port/owner/name``, a plain-HTTP registry of this machine) under that key;
+    returns the reference it has there. A registry that holds the tag already is not pushed to again."""
     ref = f"{repository}:build-{image.rsplit(':', 1)[1]}"
     host, path = ref.split("/", 1)
     name, tag = path.rsplit(":", 1)
-    head = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", method="HEAD")
-    head.add_header("Accept", OCI_MANIFEST)
-    with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(head, timeout=30):
+    manifest = f"http://{host}/v2/{name}/manifests/{tag}"
+    with contextlib.suppress(urllib.error.HTTPError), _registry_call(manifest, "HEAD"):
         return ref
     _drop_older_builds(host, name)
-    env = {**os.environ, **_storage_env()}
     argv = ["buildah", "push", "--quiet", "--tls-verify=false", "--format", "oci", image, f"docker://{ref}"]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -184,16 +191,13 @@ def push_build(image: str, repository: str) -> str:
 def _drop_older_builds(host: str, name: str) -> None:
     """Delete the repository's other ``build-…`` manifests (the registry collects their layers at its next start);
     the releases tagged from them stay."""
-    with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(f"http://{host}/v2/{name}/tags/list") as r:
+    base = f"http://{host}/v2/{name}"
+    with contextlib.suppress(urllib.error.HTTPError), _registry_call(f"{base}/tags/list") as r:
         tags = json.loads(r.read()).get("tags") or []
         for tag in (t for t in tags if t.startswith("build-")):
-            head = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", method="HEAD")
-            head.add_header("Accept", OCI_MANIFEST)
-            with urllib.request.urlopen(head) as h:
+            with _registry_call(f"{base}/manifests/{tag}", "HEAD") as h:
                 digest = h.headers["Docker-Content-Digest"]
-            urllib.request.urlopen(
-                urllib.request.Request(f"http://{host}/v2/{name}/manifests/{digest}", method="DELETE")
-            ).close()
+            _registry_call(f"{base}/manifests/{digest}", "DELETE").close()
 
 
 def tag_release(build: str, version: str) -> str:
@@ -204,29 +208,21 @@ def tag_release(build: str, version: str) -> str:
     host, path = build.split("/", 1)
     name, tag = path.rsplit(":", 1)
     base = f"http://{host}/v2/{name}"
-
-    def call(url: str, method: str = "GET", data: bytes | None = None, ctype: str | None = None) -> Any:
-        req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Accept", OCI_MANIFEST)
-        if ctype:
-            req.add_header("Content-Type", ctype)
-        return urllib.request.urlopen(req, timeout=60)
-
-    with call(f"{base}/manifests/{tag}") as r:
+    with _registry_call(f"{base}/manifests/{tag}") as r:
         manifest = json.loads(r.read())
-    with call(f"{base}/blobs/{manifest['config']['digest']}") as r:
+    with _registry_call(f"{base}/blobs/{manifest['config']['digest']}") as r:
         config = json.loads(r.read())
     labels = config.setdefault("config", {}).get("Labels") or {}
     config["config"]["Labels"] = {**labels, "org.opencontainers.image.version": version}
     blob = json.dumps(config, separators=(",", ":")).encode()
     digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-    with call(f"{base}/blobs/uploads/", "POST", b"") as r:
+    with _registry_call(f"{base}/blobs/uploads/", "POST", b"") as r:
         upload = urllib.parse.urljoin(f"http://{host}", r.headers["Location"])
     sep = "&" if "?" in upload else "?"
-    call(f"{upload}{sep}digest={digest}", "PUT", blob, "application/octet-stream").close()
+    _registry_call(f"{upload}{sep}digest={digest}", "PUT", blob, "application/octet-stream").close()
     manifest["config"] = {**manifest["config"], "digest": digest, "size": len(blob)}
     body = json.dumps(manifest, separators=(",", ":")).encode()
-    with call(f"{base}/manifests/{version}", "PUT", body, manifest.get("mediaType", OCI_MANIFEST)) as r:
+    with _registry_call(f"{base}/manifests/{version}", "PUT", body, manifest.get("mediaType", OCI_MANIFEST)) as r:
         return str(r.headers["Docker-Content-Digest"])
 
 
@@ -238,12 +234,9 @@ def _storage_env() -> dict[str, str]:
 
 def local(registry: str, version: str, owner: str = "finetune-operator") -> dict[str, object]:
     """The release against a registry on this machine: the images built here pushed, the chart published."""
-    names = dict(
-        line.split()
-        for line in subprocess.run(
-            ["bash", str(ROOT / "hack" / "images" / "build.sh"), "--names"], capture_output=True, text=True, check=True
-        ).stdout.splitlines()
-    )
+    from hack.localcluster.nodes import image_names
+
+    names = image_names()
     prefix = f"{registry}/{owner}"
     built = {"operator": names["operator"], "trainer-cpu": names["trainer"]}
     env = {**os.environ, **_storage_env()}
@@ -254,7 +247,7 @@ def local(registry: str, version: str, owner: str = "finetune-operator") -> dict
     ]
     if missing:
         raise ReleaseError([f"{image}: not built here; build it with `bash hack/images/build.sh`" for image in missing])
-    digests = {name: tag_release(push_build(image, f"{prefix}/{name}"), version) for name, image in built.items()}
+    digests = {name: tag_release(push_build(image, f"{prefix}/{name}", env), version) for name, image in built.items()}
     chart = publish(version, prefix, digests, plain_http=True)
     return {
         "chart": chart,

@@ -144,12 +144,22 @@ def helm_binary() -> str:
     return str(ensure_tools().helm)
 
 
+def run_helm(rc: RealCluster, *args: str, timeout: float = 400) -> str:
+    """``helm ARGS`` against the cluster; its output. A failure shows the operator namespace's pods and events."""
+    proc = subprocess.run(
+        [helm_binary(), f"--kubeconfig={rc.kubeconfig}", *args], capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        dump = rc.kubectl("get", "pods,events", "-n", OPERATOR_NAMESPACE, "-o", "wide", check=False)
+        raise AssertionError(f"helm {args[0]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{dump}")
+    return proc.stdout
+
+
 def install_chart(rc: RealCluster, *extra: str) -> str:
     """``helm install`` of the chart with the images built here, as the README's install page does it; returns
     helm's output. Waits until the operator's Deployment is available (its readiness probe passed)."""
-    args = [
-        helm_binary(),
-        f"--kubeconfig={rc.kubeconfig}",
+    return run_helm(
+        rc,
         "upgrade",
         "--install",
         RELEASE,
@@ -163,12 +173,18 @@ def install_chart(rc: RealCluster, *extra: str) -> str:
         "--timeout",
         "180s",
         *extra,
-    ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=240)
-    if proc.returncode != 0:
-        dump = rc.kubectl("get", "pods,events", "-n", OPERATOR_NAMESPACE, "-o", "wide", check=False)
-        raise AssertionError(f"helm install failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{dump}")
-    return proc.stdout
+        timeout=240,
+    )
+
+
+def uninstall_chart(rc: RealCluster) -> None:
+    """``helm uninstall`` of the release, whatever came of it (the CRDs stay: crds.keep)."""
+    subprocess.run(
+        [helm_binary(), f"--kubeconfig={rc.kubeconfig}", "uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait",
+         "--timeout", "120s"],
+        capture_output=True,
+        timeout=180,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="package")
@@ -176,22 +192,7 @@ def chart_operator(real_cluster: RealCluster) -> Iterator[str]:
     """The operator installed by the chart (cluster scope), shared by the tier; returns the release's namespace."""
     install_chart(real_cluster)
     yield OPERATOR_NAMESPACE
-    helm = helm_binary()
-    subprocess.run(
-        [
-            helm,
-            f"--kubeconfig={real_cluster.kubeconfig}",
-            "uninstall",
-            RELEASE,
-            "-n",
-            OPERATOR_NAMESPACE,
-            "--wait",
-            "--timeout",
-            "120s",
-        ],
-        capture_output=True,
-        timeout=180,
-    )
+    uninstall_chart(real_cluster)
 
 
 def wait_pod_phase(rc: RealCluster, namespace: str, pod: str, phases: tuple[str, ...], timeout: float = 180) -> str:

@@ -29,7 +29,8 @@ import yaml
 
 from hack.localcluster.nodes import RUN_DIR
 from hack.registry import CACHED_STORAGE, Registry
-from tests.realnodes.conftest import OPERATOR_NAMESPACE, RELEASE, RealCluster, diagnostics, helm_binary, job_status
+from tests.realnodes.conftest import OPERATOR_NAMESPACE, RELEASE, RealCluster, job_status, run_helm, uninstall_chart
+from tests.realnodes.jobs import wait_terminal
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.realnodes
@@ -61,16 +62,6 @@ def release(reg: Registry, version: str) -> dict[str, Any]:
     )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     return dict(json.loads(proc.stdout))
-
-
-def helm(rc: RealCluster, *args: str, timeout: float = 400) -> str:
-    proc = subprocess.run(
-        [helm_binary(), f"--kubeconfig={rc.kubeconfig}", *args], capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode != 0:
-        dump = rc.kubectl("get", "pods,events", "-n", OPERATOR_NAMESPACE, "-o", "wide", check=False)
-        raise AssertionError(f"helm {args[0]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{dump}")
-    return proc.stdout
 
 
 def operator_pod(rc: RealCluster) -> dict[str, Any]:
@@ -124,17 +115,6 @@ def keeps_training(rc: RealCluster, namespace: str, pod_before: dict[str, Any], 
     wait_for(lambda: step_of(rc, namespace) > step, timeout=120, what=f"progress written by {operator}", interval=1)
 
 
-def wait_state(rc: RealCluster, namespace: str, name: str, timeout: float = 600) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        st = job_status(rc, namespace, name)
-        return st if st.get("state") in ("Succeeded", "Failed") else None
-
-    try:
-        return dict(wait_for(probe, timeout=timeout, what=f"{name} to finish", interval=1))
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{diagnostics(rc, namespace)}") from None
-
-
 def test_a_release_installs_from_its_oci_chart_pulls_by_digest_and_upgrades_while_a_job_trains(
     real_cluster: RealCluster, registry: Registry, namespace: str
 ) -> None:
@@ -147,13 +127,13 @@ def test_a_release_installs_from_its_oci_chart_pulls_by_digest_and_upgrades_whil
     assert chart == f"oci://{registry.host}/finetune-operator/charts/finetune-operator"
 
     # The README's quickstart, only the registry host differing (and --plain-http: a registry on loopback).
-    helm(rc, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-         "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--wait", "--timeout", "300s")  # fmt: skip
+    run_helm(rc, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+             "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--wait", "--timeout", "300s")  # fmt: skip
     try:
         pulled_by_digest(rc, operator_pod(rc), first["images"]["operator"])
-        helm(rc, "test", RELEASE, "-n", OPERATOR_NAMESPACE, "--timeout", "180s")
+        run_helm(rc, "test", RELEASE, "-n", OPERATOR_NAMESPACE, "--timeout", "180s")
         rc.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "quickstart.yaml"))
-        st = wait_state(rc, namespace, "quickstart")
+        st = wait_terminal(rc, namespace, "quickstart")
         assert st["state"] == "Succeeded" and st["progress"]["step"] == 60, st
         trainer = json.loads(rc.kubectl("get", "pod", "quickstart-node-0", "-n", namespace, "-o", "json"))
         pulled_by_digest(rc, trainer, first["images"]["trainer-cpu"])
@@ -169,8 +149,8 @@ def test_a_release_installs_from_its_oci_chart_pulls_by_digest_and_upgrades_whil
         rc.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(job))
         wait_for(lambda: step_of(rc, namespace) > 0, timeout=300, what="the job to report progress", interval=1)
         [pod_before] = pods_of(rc, namespace)
-        helm(rc, "upgrade", RELEASE, chart, "--version", NEXT_VERSION, "--plain-http",
-             "-n", OPERATOR_NAMESPACE, "--wait", "--timeout", "300s")  # fmt: skip
+        run_helm(rc, "upgrade", RELEASE, chart, "--version", NEXT_VERSION, "--plain-http",
+                 "-n", OPERATOR_NAMESPACE, "--wait", "--timeout", "300s")  # fmt: skip
         pulled_by_digest(rc, operator_pod(rc), second["images"]["operator"])
         keeps_training(rc, namespace, pod_before, "the next release's operator")
         crd = json.loads(rc.kubectl("get", "crd", "finetunejobs.finetune.dev", "-o", "json"))
@@ -178,10 +158,10 @@ def test_a_release_installs_from_its_oci_chart_pulls_by_digest_and_upgrades_whil
         runtime = json.loads(rc.kubectl("get", "clusterfinetuneruntime", "cpu", "-o", "json"))
         assert runtime["spec"]["images"]["default"] == second["images"]["trainer-cpu"]  # for the jobs to come
 
-        helm(rc, "rollback", RELEASE, "1", "-n", OPERATOR_NAMESPACE, "--wait", "--timeout", "300s")
+        run_helm(rc, "rollback", RELEASE, "1", "-n", OPERATOR_NAMESPACE, "--wait", "--timeout", "300s")
         pulled_by_digest(rc, operator_pod(rc), first["images"]["operator"])
         keeps_training(rc, namespace, pod_before, "the first release's operator again")
-        history = json.loads(helm(rc, "history", RELEASE, "-n", OPERATOR_NAMESPACE, "-o", "json"))
+        history = json.loads(run_helm(rc, "history", RELEASE, "-n", OPERATOR_NAMESPACE, "-o", "json"))
         assert [(h["revision"], h["chart"]) for h in history] == [
             (1, f"finetune-operator-{CHART_VERSION}"),
             (2, f"finetune-operator-{NEXT_VERSION}"),
@@ -189,9 +169,4 @@ def test_a_release_installs_from_its_oci_chart_pulls_by_digest_and_upgrades_whil
         ]
         rc.kubectl("delete", "ftj", "upgrade", "-n", namespace, "--wait=false")
     finally:
-        subprocess.run(
-            [helm_binary(), f"--kubeconfig={rc.kubeconfig}", "uninstall", RELEASE, "-n", OPERATOR_NAMESPACE,
-             "--wait", "--timeout", "120s"],
-            capture_output=True,
-            timeout=180,
-        )  # fmt: skip
+        uninstall_chart(rc)
