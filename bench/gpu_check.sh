@@ -1,30 +1,31 @@
 #!/usr/bin/env bash
 # GPU check in one script: on a machine with one NVIDIA GPU and the default trainer stack's packages (torch,
-# transformers, accelerate, datasets, peft, trl, bitsandbytes, prometheus-client, jsonschema, pyyaml), from the
-# repository root:
+# transformers, accelerate, datasets, peft, trl, liger-kernel, bitsandbytes, prometheus-client, jsonschema, pyyaml),
+# from the repository root:
 #
-#   bash bench/gpu_check.sh                  # ~5-7 minutes on an H100/H200-class GPU (estimate)
+#   bash bench/gpu_check.sh                        # every row, about 7.5 minutes on an H100/H200 (the budgets below)
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh
-#   GPU_CHECK_DEVICE=cpu bash bench/gpu_check.sh   # the same steps at toy sizes on a CPU (checks the script itself)
-#   GPU_CHECK_ONLY=startup bash bench/gpu_check.sh # step 1 and the start-up figures only (about 3 minutes on a GPU)
+#   GPU_CHECK_DEVICE=cpu bash bench/gpu_check.sh   # the same rows at toy sizes on a CPU (checks the script itself;
+#                                                  # tests/trainer/test_gpu_check.py runs it in CI)
+#   GPU_CHECK_ONLY=startup bash bench/gpu_check.sh # row 1 and where the worker's imports spend their time
 #
+# The rows that matter come first, and each prints its line as it ends:
 # 1. `finetune run-local` of a decoder LLM job (Llama-architecture config, 0.82 B parameters, random init, 512-token
-#    rows, batch 16, bf16, acceleration auto) on the GPU; rank 0's Prometheus endpoint is scraped mid-run and the
-#    MFU gauge must be a number (not NaN); result.json's steady-state tokens/s is compared with the gauge.
-#    Then the same job again on the same machine (a restart on a live node), each run's start-up by phase, and the
-#    worker's imports by cumulative time.
-# 2. bench/trainer_throughput.py (one process per model, a GPU warm-up before the first timed path): BERT-base
-#    seq 128 batch 64 (eager with SDPA, eager attention, compile), batch 256 (eager, compile), and the decoder
-#    (eager, compile).
-# 3. LLM fine-tuning paths on the same decoder, saved to disk first (QLoRA quantizes pretrained weights): LoRA
-#    (all-linear, merged at the end), QLoRA (4-bit base through bitsandbytes; on a CPU it must be refused, exit 78)
-#    and FSDP, each through `finetune run-local`: loss, tokens/s and peak GPU memory from result.json, and whether
-#    the checkpoint was sharded.
-# 4. Liger's kernels against the model's own on the same decoder and settings (kernels: none, then liger; on a CPU
-#    liger must be refused, exit 78): tokens/s, MFU and peak GPU memory side by side; and DPO (task dpo, LoRA) on
-#    preference pairs built from the same words: loss, rewards, tokens/s and peak memory.
-# Everything lands in $OUT (default /tmp/gpu-check): logs, result.json, the scrapes, one JSON per bench and
-# summary.log. Exit status: non-zero when a step fails or the MFU gauge is NaN on the GPU.
+#    rows, batch 16, bf16, acceleration and kernels auto) on the GPU: rank 0's Prometheus endpoint scraped mid-run
+#    (the MFU gauge must be a number), result.json's steady tokens/s against the gauge, start-up by phase, and what
+#    auto picked (on a GPU it must be Liger's kernels for this run: the table's choice for 20 s of eager work).
+# 2. In one process that imports the stack once (bench/gpu_rows.py; every row a child forked from it, so a row pays
+#    its data, model and training, not the imports): the decoder saved to disk and trained with the model's own
+#    kernels, with Liger's, and compiled with Liger's (the pair the auto table has no measurement of); a
+#    Llama-3-8B-shaped model (random init, no weights) with LoRA on every linear layer; DPO with LoRA; QLoRA (4-bit
+#    base; a CPU must refuse it, exit 78); FSDP. Each: tokens/s, MFU, peak GPU memory, loss, what auto picked.
+# 3. The throughput benches, side by side in one process each: the decoder eager against compile (the table's
+#    compile row), then BERT-base eager, eager attention and compile.
+# Sizes and steps are chosen from the H200 figures of 2026-12-04 (docs/benchmarks.md) so that every row fits its
+# budget (BUDGET below, seconds, printed beside each row's time): 8 minutes in all, start-up included.
+# Everything lands in $OUT (default /tmp/gpu-check): logs, result.json files, the scrapes, one JSON per bench and
+# summary.log. Exit status: non-zero when a row fails, or on a GPU when the MFU gauge is NaN or auto did not pick
+# what its table says.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD/operator:$PWD/trainer-image/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -43,21 +44,37 @@ if [[ $DEVICE == cuda ]]; then
   gpu_request="  resources: {limits: {nvidia.com/gpu: 1}}"
 fi
 if [[ $DEVICE == cuda ]]; then
-  hidden=2048 layers=16 seq=512 batch=16 steps=150 rows=4000
-  bert=(--hidden 768 --layers 12) bert_steps=(--steps 20 --warmup 3) llm=(--hidden 2048 --layers 16 --seq 512)
-  big_batch=256 llm_batch=16
+  hidden=2048 layers=16 seq=512 batch=16 steps=120 row_steps=60 rows=1200
+  big=(--hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256) big_seq=1024 big_batch=4
+  big_steps=20
+  bert=(--hidden 768 --layers 12) bench_steps=(--steps 20 --warmup 3) llm=(--hidden 2048 --layers 16 --seq 512)
+  llm_batch=16
 else
-  hidden=128 layers=2 seq=64 batch=4 steps=300 rows=400
-  bert=(--hidden 64 --layers 2) bert_steps=(--steps 3 --warmup 1) llm=(--hidden 128 --layers 2 --seq 64)
-  big_batch=8 llm_batch=4
+  hidden=128 layers=2 seq=64 batch=4 steps=40 row_steps=10 rows=200
+  big=(--hidden 256 --layers 2 --heads 4 --kv-heads 2 --intermediate 512 --vocab 4096) big_seq=128 big_batch=2
+  big_steps=4
+  bert=(--hidden 64 --layers 2) bench_steps=(--steps 3 --warmup 1) llm=(--hidden 128 --layers 2 --seq 64)
+  llm_batch=4
 fi
+# seconds per row on an H100/H200, from the 2026-12-04 figures: start-up (row 1 only: launcher, imports, process
+# group), data and model (~7 s a forked row), warm-up (compile 40 s), steps x tokens / the measured tokens/s
+declare -A BUDGET=([setup]=30 [auto]=70 [kernels-none]=22 [liger]=25 [compile-liger]=65 [llama8b-lora]=35 [dpo]=30
+  [qlora]=30 [fsdp]=35 [bench-llama]=66 [bench-bert]=50)
+total_budget=0; for v in "${BUDGET[@]}"; do total_budget=$(( total_budget + v )); done
 
 log "versions"
 "$PY" - <<'PY' | tee "$OUT/versions.txt"
-import platform, torch, transformers, accelerate
+import platform, torch
+from importlib.metadata import PackageNotFoundError, version
+def v(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-print(f"python {platform.python_version()} torch {torch.__version__} transformers {transformers.__version__} "
-      f"accelerate {accelerate.__version__} cuda {torch.version.cuda} device {gpu}")
+print(f"python {platform.python_version()} torch {torch.__version__} cuda {torch.version.cuda} device {gpu}; "
+      + ", ".join(f"{n} {v(n)}" for n in ("transformers", "accelerate", "peft", "trl", "datasets", "liger-kernel",
+                                           "bitsandbytes", "triton")))
 PY
 if [[ $DEVICE == cuda ]]; then
   "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "no CUDA device visible to torch")'
@@ -66,26 +83,40 @@ fi
 # --- 1. run-local of the decoder job, scraped mid-run ----------------------------------------------------------------
 work="$OUT/llm"
 rm -rf "$work" && mkdir -p "$work/model" "$work/data"
-"$PY" - "$work" "$hidden" "$layers" "$seq" "$rows" <<'PY'
-import json, random, shutil, sys
+log "setup: the decoder's and the 8 B model's configs, the data"
+"$PY" - "$work" "$hidden" "$layers" "$seq" "$rows" "${big[@]}" <<'PY'
+import argparse, json, random, shutil, sys
 from pathlib import Path
 import transformers
-work, hidden, layers, seq, rows = Path(sys.argv[1]), *map(int, sys.argv[2:])
+work, hidden, layers, seq, rows = Path(sys.argv[1]), *map(int, sys.argv[2:6])
+p = argparse.ArgumentParser()
+for name in ("hidden", "layers", "heads", "kv-heads", "intermediate", "vocab"):
+    p.add_argument(f"--{name}", type=int)
+big = p.parse_args(sys.argv[6:])
 tok_dir = Path("examples/tiny/gpt2")
-for f in tok_dir.iterdir():
-    if f.name != "config.json":
-        shutil.copy(f, work / "model" / f.name)
 tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
-cfg = transformers.LlamaConfig(
-    vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=max(1, hidden // 128),
-    num_key_value_heads=max(1, hidden // 128), intermediate_size=int(2.75 * hidden), max_position_embeddings=2048,
-    bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-cfg.save_pretrained(work / "model")
+for name, cfg in [
+    ("model", transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=max(1, hidden // 128),
+        num_key_value_heads=max(1, hidden // 128), intermediate_size=int(2.75 * hidden), max_position_embeddings=2048,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)),
+    # Llama-3-8B's shape (its vocabulary too: the embedding and the head are 1 B of its 8 B parameters); the rows'
+    # tokens come from the small tokenizer, every id of which lies inside the larger vocabulary
+    ("big", transformers.LlamaConfig(
+        vocab_size=big.vocab, hidden_size=big.hidden, num_hidden_layers=big.layers, num_attention_heads=big.heads,
+        num_key_value_heads=big.kv_heads, intermediate_size=big.intermediate, max_position_embeddings=8192,
+        rope_theta=500000.0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)),
+]:
+    (work / name).mkdir(exist_ok=True)
+    for f in tok_dir.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, work / name / f.name)
+    cfg.save_pretrained(work / name)
 words = [w for w in tok.get_vocab() if w.isalpha()][:2000] or ["token"]
 rng = random.Random(0)
 with open(work / "data" / "train.jsonl", "w") as f:
-    for _ in range(rows):  # rows longer than maxSeqLength: every row is truncated to a full one
-        f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(seq * 2))}) + "\n")
+    for _ in range(rows):  # rows longer than maxSeqLength (the 8 B row's too): every row is truncated to a full one
+        f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(seq * 4))}) + "\n")
 (work / "pairs").mkdir()
 with open(work / "pairs" / "train.jsonl", "w") as f:  # DPO: a long prompt, two different responses
     for _ in range(rows):
@@ -107,6 +138,7 @@ spec:
   training:
     maxSteps: $steps
     perDeviceBatchSize: $batch
+    kernels: auto
     learningRate: 0.0003
     maxSeqLength: $seq
     checkpointEverySteps: 100000
@@ -115,7 +147,7 @@ spec:
   nodes: 1
   output: {claimName: output}
 EOF
-log "run-local: Llama ${hidden}x${layers}, seq $seq, batch $batch, $steps steps, acceleration auto"
+log "row auto: run-local, Llama ${hidden}x${layers}, seq $seq, batch $batch, $steps steps, acceleration and kernels auto (budget ${BUDGET[auto]} s)"
 "$PY" -m finetune_operator.cli run-local "$work/job.yaml" --workdir "$work/out" > "$work/run-local.log" 2>&1 &
 runner=$!
 scrape() { "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=2).read().decode())' 2>/dev/null; }
@@ -145,115 +177,98 @@ print(f"run-local: acceleration {r['acceleration']} ({r['acceleration_reason']})
 print(f"run-local: mid-run gauges: MFU {mfu:.3f}, {gauge_tps:,.0f} tokens/s; result.json {r['tokens_per_second']:,.0f} "
       f"tokens/s (ratio {r['tokens_per_second'] / gauge_tps:.2f}); time to first step "
       f"{r['time_to_first_step_seconds']:.1f} s (warm-up step {r['warmup_seconds']:.1f} s, start-up {r['startup']})")
+print(f"run-local: kernels {r['kernels']}; MFU at the steady rate {r.get('mfu')}; peak GPU memory "
+      f"{r.get('gpu_memory_peak_gib')} GiB; workers {r.get('workers')}")
 if device == "cuda" and math.isnan(mfu):
     sys.exit("MFU gauge is NaN on the GPU (device missing from PEAK_FLOPS?)")
+if device == "cuda" and (r["acceleration"], r["kernels"]) != ("none", "liger"):
+    sys.exit(f"auto picked {r['acceleration']} with kernels {r['kernels']}, not the table's Liger for this run")
 PY
 
-# --- 1b. start-up: the same job started again on the same machine (a restart on a live node: warm page cache and
-# kernel caches), and where a worker's imports spend their time ------------------------------------------------------
-log "run-local again: a restart on the same machine"
-"$PY" -m finetune_operator.cli run-local "$work/job.yaml" --workdir "$work/out2" > "$work/run-local-2.log" 2>&1 \
-  || { tail -40 "$work/run-local-2.log"; log "second run-local failed"; exit 1; }
-"$PY" - "$work" <<'PY' | tee -a "$OUT/summary.log"
-import json, sys
-from pathlib import Path
-work = Path(sys.argv[1])
-for name in ("out", "out2"):
-    r = json.loads(next((work / name).rglob("result.json")).read_text())
-    print(f"start-up ({name}): time to first step {r['time_to_first_step_seconds']:.1f} s = {r['startup']} + first "
-          f"step {r['warmup_seconds']:.1f} s; workers {r.get('workers')}; steady {r['tokens_per_second']:,.0f} tokens/s")
-PY
-"$PY" -X importtime -c "import finetune_trainer.worker, transformers, trl, peft, datasets" 2> "$OUT/importtime.txt" || true
-"$PY" - "$OUT/importtime.txt" <<'PY' | tee -a "$OUT/summary.log"
+# where a worker's imports spend their time: what every start of a pod pays once (a restart in place pays none)
+if [[ ${GPU_CHECK_ONLY:-} == startup ]]; then
+  "$PY" -X importtime -c "import finetune_trainer.worker, transformers, trl, peft, datasets" 2> "$OUT/importtime.txt" || true
+  "$PY" - "$OUT/importtime.txt" <<'PY' | tee -a "$OUT/summary.log"
 import sys
 rows = []
 for line in open(sys.argv[1]):
     parts = line.split("|")
     if len(parts) == 3 and parts[1].strip().isdigit():
         rows.append((int(parts[1]), parts[2].rstrip()))
-total = max((c for c, _ in rows), default=0)
 print(f"imports: {len(rows)} modules; the costliest cumulative (us): " + "; ".join(
     f"{name.strip()} {c / 1e6:.2f}s" for c, name in sorted(rows, reverse=True)[:14] if name.count(".") == 0
     or name.strip().startswith("finetune_trainer")))
 PY
-if [[ ${GPU_CHECK_ONLY:-} == startup ]]; then
   log "done (GPU_CHECK_ONLY=startup) in $(( $(date +%s) - start ))s"
   exit 0
 fi
 
-# --- 2. throughput bench, side by side within each process --------------------------------------------------------------
-bench() {
-  local name=$1; shift
-  log "bench $name: $*"
-  "$PY" bench/trainer_throughput.py --device "$DEVICE" --json "$OUT/bench-$name.json" "$@" > "$OUT/bench-$name.log" 2>&1 \
-    || { tail -30 "$OUT/bench-$name.log"; exit 1; }
-  sed -n '/^device=/,$p' "$OUT/bench-$name.log" | tee -a "$OUT/summary.log"
-}
-bench bert-b64 "${bert[@]}" "${bert_steps[@]}" --seq 128 --batch 64 --paths eager,eager-attention,compile
-bench bert-b256 "${bert[@]}" "${bert_steps[@]}" --seq 128 --batch "$big_batch" --paths eager,compile
-bench llama "${llm[@]}" "${bert_steps[@]}" --model llama --batch "$llm_batch" --paths eager,compile
-# --- 3. LoRA, QLoRA, FSDP ---------------------------------------------------------------------------------------------
-"$PY" - "$work" <<'PY'
+# --- 2. the rows that share one process --------------------------------------------------------------------------------
+"$PY" - "$work" "$DEVICE" <<'PY'
 import sys
 from pathlib import Path
 import torch, transformers
-work = Path(sys.argv[1])
+work, device = Path(sys.argv[1]), sys.argv[2]
 cfg = transformers.AutoConfig.from_pretrained(work / "model")
 torch.manual_seed(0)
-model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+with torch.device(device):  # a GPU initialises the 0.82 B decoder at once; the CPU would take tens of seconds
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
 model.save_pretrained(work / "saved")
 transformers.AutoTokenizer.from_pretrained(work / "model").save_pretrained(work / "saved")
 PY
-llm_job() {  # name, extra training settings (YAML flow style), [task], [dataset]
-  local name=$1 extra=$2 task=${3:-causal-lm} dataset=${4:-"{path: /workspace/data, textField: text}"} rc=0
-  cat > "$work/job-$name.yaml" <<EOF
+mkdir -p "$work/rows"
+row() {  # name, acceleration, extra training settings (YAML flow style), [task], [dataset], [model], [steps, batch, seq]
+  local name=$1 accel=$2 extra=$3 task=${4:-causal-lm} dataset=${5:-"{path: /workspace/data, textField: text}"}
+  local model=${6:-"{path: /workspace/saved}"} n=${7:-$row_steps} b=${8:-$batch} len=${9:-$seq}
+  cat > "$work/rows/job-$name.yaml" <<EOF
 apiVersion: finetune.dev/v1alpha1
 kind: FineTuneJob
 metadata:
   name: gpu-check-$name
   annotations:
-    finetune.dev/run-local-mounts: "/workspace=."
+    finetune.dev/run-local-mounts: "/workspace=.."
 spec:
   task: $task
-  model: {path: /workspace/saved}
+  model: $model
   dataset: $dataset
-  training: {maxSteps: $(( steps / 3 )), perDeviceBatchSize: $batch, learningRate: 0.0002, maxSeqLength: $seq,
-             checkpointEverySteps: $(( steps / 3 )), extraArgs: {logging_steps: 5}, $extra}
-  acceleration: auto
+  training: {maxSteps: $n, perDeviceBatchSize: $b, learningRate: 0.0002, maxSeqLength: $len,
+             checkpointEverySteps: $n, extraArgs: {logging_steps: 5}, $extra}
+  acceleration: $accel
   nodes: 1
   output: {claimName: output}
 $gpu_request
 EOF
-  log "run-local $name: $extra"
-  "$PY" -m finetune_operator.cli run-local "$work/job-$name.yaml" --workdir "$work/out-$name" \
-    > "$work/run-local-$name.log" 2>&1 || rc=$?
-  "$PY" - "$work/out-$name" "$name" "$rc" "$DEVICE" <<'PY' | tee -a "$OUT/summary.log"
-import json, sys
-from pathlib import Path
-out, name, rc, device = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-if name in ("qlora", "liger") and device != "cuda":
-    print(f"{name}: exit {rc} on CPU (expected 78: refused before training)")
-    sys.exit(0 if rc == 78 else 1)
-if rc != 0:
-    sys.exit(f"{name}: run-local failed with exit {rc}; see run-local-{name}.log")
-r = json.loads(next(out.rglob("result.json")).read_text())
-ckpts = sorted(out.rglob("checkpoint-*"))
-sharded = bool(ckpts) and (ckpts[-1] / "pytorch_model_fsdp_0").is_dir()
-adapter = (r.get("model") or {}).get("adapter") or {}
-print(f"{name}: {r['steps']} steps, loss {r['loss_history'][0][1]:.3f} -> {r['final_loss']:.3f}, "
-      f"{(r['tokens_per_second'] or 0):,.0f} tokens/s, peak GPU memory {r.get('gpu_memory_peak_gib')} GiB, "
-      f"adapter {adapter.get('method')}, merged {r['model']['merged']}, sharded checkpoint {sharded}, "
-      f"acceleration {r['acceleration']}, kernels {r.get('kernels')} ({r.get('kernels_reason')})")
-if r.get("dpo"):
-    print(f"{name}: rewards {r['dpo']['rewards']}")
-PY
 }
-llm_job lora "lora: {r: 16, alpha: 32, targetModules: [all-linear], merge: true}"
-llm_job qlora "lora: {r: 16, alpha: 32, targetModules: [all-linear], quantization: 4bit}, activationCheckpointing: true"
-llm_job fsdp "sharding: fsdp, activationCheckpointing: true"
-# --- 4. Liger against the model's own kernels; DPO ----------------------------------------------------------------------
-llm_job kernels-none "kernels: none"
-llm_job liger "kernels: liger"
-llm_job dpo "lora: {r: 16, alpha: 32, targetModules: [all-linear]}, dpo: {beta: 0.1}" dpo \
+names=(kernels-none liger)
+row kernels-none auto "kernels: none"
+row liger auto "kernels: liger"
+if [[ $DEVICE == cuda ]]; then  # the pair the auto table has no measurement of (compile on a CPU: the benches')
+  row compile-liger compile "kernels: liger"; names+=(compile-liger)
+fi
+row llama8b-lora auto "lora: {r: 16, alpha: 32, targetModules: [all-linear]}" causal-lm "" \
+  "{path: /workspace/big, initFromConfig: true}" "$big_steps" "$big_batch" "$big_seq"
+row dpo auto "lora: {r: 16, alpha: 32, targetModules: [all-linear]}, dpo: {beta: 0.1}" dpo \
   "{path: /workspace/pairs, promptField: prompt, chosenField: chosen, rejectedField: rejected}"
-log "done in $(( $(date +%s) - start ))s; summary: $OUT/summary.log"
+row qlora auto "lora: {r: 16, alpha: 32, targetModules: [all-linear], quantization: 4bit}, activationCheckpointing: true"
+row fsdp auto "sharding: fsdp, activationCheckpointing: true"
+names+=(llama8b-lora dpo qlora fsdp)
+budgets=() manifests=()
+for name in "${!BUDGET[@]}"; do budgets+=(--budget "$name=${BUDGET[$name]}"); done
+for name in "${names[@]}"; do manifests+=("$work/rows/job-$name.yaml"); done
+log "rows in one process: ${names[*]}"
+rc=0
+"$PY" bench/gpu_rows.py --out "$work" --device "$DEVICE" "${budgets[@]}" "${manifests[@]}" | tee -a "$OUT/summary.log" \
+  || rc=$?
+[[ $rc == 0 ]] || { log "a row failed (exit $rc)"; exit 1; }
+
+# --- 3. throughput benches, side by side within each process -------------------------------------------------------------
+bench() {
+  local name=$1; shift
+  log "bench $name (budget ${BUDGET[bench-$name]} s): $*"
+  "$PY" bench/trainer_throughput.py --device "$DEVICE" --json "$OUT/bench-$name.json" "$@" > "$OUT/bench-$name.log" 2>&1 \
+    || { tail -30 "$OUT/bench-$name.log"; exit 1; }
+  sed -n '/^device=/,$p' "$OUT/bench-$name.log" | tee -a "$OUT/summary.log"
+}
+bench llama "${llm[@]}" "${bench_steps[@]}" --model llama --batch "$llm_batch" --paths eager,compile
+bench bert "${bert[@]}" "${bench_steps[@]}" --seq 128 --batch 64 --paths eager,eager-attention,compile
+log "done in $(( $(date +%s) - start ))s (budget $total_budget s); summary: $OUT/summary.log"

@@ -392,30 +392,102 @@ def test_rank_0_falls_back_past_unloadable_checkpoints_and_unmarks_them(tmp_path
 # --- acceleration ---------------------------------------------------------------------------------------------------
 
 
-BIG = accel.Workload(params=820_000_000, total_steps=5000, tokens_per_step=16 * 512, fill=1.0)  # 2e17 FLOPs
-SHORT = accel.Workload(params=820_000_000, total_steps=60, tokens_per_step=16 * 512, fill=1.0)
-SPARSE = accel.Workload(params=820_000_000, total_steps=5000, tokens_per_step=16 * 512, fill=0.5)
+H200 = 989e12  # the dense bf16 peak of the device the built-in rows were measured on
+EAGER_RATE = 0.30 * H200  # the causal-LM row's eager utilisation of it
+
+
+def decoder(eager_seconds: float, fill: float = 1.0) -> accel.Workload:
+    """The 0.82 B decoder of the GPU check (16 x 512-token rows a step) for as many steps as take ``eager_seconds``
+    of eager training at the row's measured rate."""
+    tokens = 16 * 512
+    steps = round(eager_seconds * EAGER_RATE / (6 * 820_000_000 * tokens))
+    return accel.Workload(params=820_000_000, total_steps=steps, tokens_per_step=tokens, fill=fill)
+
+
+GPU_CHECK = accel.Workload(params=820_000_000, total_steps=150, tokens_per_step=16 * 512, fill=1.0)  # 6.0e15 FLOPs
 
 
 @pytest.mark.parametrize(
-    ("requested", "hardware", "workload", "expected"),
-    [("auto", "cpu", None, "none"), ("auto", "cpu", BIG, "none"), ("auto", "cuda", None, "none"),
-     ("auto", "cuda", SHORT, "none"), ("auto", "cuda", BIG, "compile"), ("auto", "cuda", SPARSE, "none"),
-     ("auto", "tpu", BIG, "none"), ("ort", "cpu", None, "ort"), ("compile", "cuda", SHORT, "compile"),
-     ("none", "cuda", BIG, "none")],
-    ids=["cpu", "cpu-big", "cuda-unknown", "cuda-short", "cuda-big", "cuda-padded", "no-row", "ort", "compile",
-         "none"],
+    ("asked", "where", "load", "blocked", "expected"),
+    [
+        (("auto", "auto"), ("cpu", "causal-lm", "full"), GPU_CHECK, None, ("none", "none")),
+        # 20 s of eager work: Liger (15 s) beats compile (14 s + 40 s of warm-up)
+        (("auto", "auto"), ("cuda", "causal-lm", "full"), GPU_CHECK, None, ("none", "liger")),
+        (("auto", "auto"), ("cuda", "causal-lm", "lora"), GPU_CHECK, None, ("none", "liger")),
+        # either side of the crossover (562 s of eager work): Liger, then compile; never both (not measured together)
+        (("auto", "auto"), ("cuda", "causal-lm", "full"), decoder(500), None, ("none", "liger")),
+        (("auto", "auto"), ("cuda", "causal-lm", "full"), decoder(650), None, ("compile", "none")),
+        # compile's padding where rows fill half of maxSeqLength: Liger however long the run
+        (("auto", "auto"), ("cuda", "causal-lm", "full"), decoder(5000, fill=0.5), None, ("none", "liger")),
+        # a model type Liger does not patch: eager for a short run, compile once it pays
+        (("auto", "auto"), ("cuda", "causal-lm", "full"), GPU_CHECK, "no kernels for gpt2", ("none", "none")),
+        (("auto", "auto"), ("cuda", "causal-lm", "full"), decoder(650), "no kernels for gpt2", ("compile", "none")),
+        # nothing measured for QLoRA or DPO
+        (("auto", "auto"), ("cuda", "causal-lm", "qlora"), decoder(5000), None, ("none", "none")),
+        (("auto", "auto"), ("cuda", "dpo", "lora"), None, None, ("none", "none")),
+        # the workload not known: only what costs no warm-up
+        (("auto", "auto"), ("cuda", "causal-lm", "full"), None, None, ("none", "liger")),
+        # half of it requested: the other half from what was measured with it
+        (("compile", "auto"), ("cuda", "causal-lm", "full"), decoder(50), None, ("compile", "none")),
+        (("auto", "liger"), ("cuda", "causal-lm", "full"), decoder(5000), None, ("none", "liger")),
+        (("auto", "none"), ("cuda", "causal-lm", "full"), GPU_CHECK, None, ("none", "none")),
+        (("auto", "none"), ("cuda", "causal-lm", "full"), decoder(650), None, ("compile", "none")),
+        (("none", "auto"), ("cuda", "causal-lm", "full"), decoder(5000), None, ("none", "liger")),
+        (("ort", "auto"), ("cuda", "sequence-classification", "full"), None, None, ("ort", "none")),
+        (("compile", "liger"), ("cuda", "causal-lm", "full"), None, None, ("compile", "liger")),
+        # BERT: compile gains 1.05x after 21 s, so it pays from about 7 minutes of eager work
+        (("auto", "auto"), ("cuda", "sequence-classification", "full"), decoder(120), None, ("none", "none")),
+        (("auto", "auto"), ("cuda", "sequence-classification", "full"), decoder(3000), None, ("compile", "none")),
+        (("auto", "auto"), ("tpu", "causal-lm", "full"), decoder(5000), None, ("none", "none")),
+    ],
+    ids=["cpu", "gpu-check", "gpu-check-lora", "before-crossover", "after-crossover", "padded", "gpt2-short",
+         "gpt2-long", "qlora", "dpo", "unknown-workload", "compile-asked", "liger-asked", "none-asked-short",
+         "none-asked-long", "eager-asked", "ort-asked", "both-asked", "bert-short", "bert-long", "no-row"],
 )  # fmt: skip
-def test_auto_table(requested: str, hardware: str, workload: accel.Workload | None, expected: str) -> None:
-    assert accel.resolve_acceleration(requested, hardware, workload) == expected
+def test_auto_takes_what_the_table_says_finishes_first(
+    asked: tuple[str, str],
+    where: tuple[str, str, str],
+    load: accel.Workload | None,
+    blocked: str | None,
+    expected: tuple[str, str],
+) -> None:
+    """acceleration and kernels auto: of the measured options that can run here, the one whose estimated time
+    (eager time / speedup + warm-up) is least; a combination only where it was measured itself."""
+    (hardware, task, base) = where
+    got = accel.choose(*asked, hardware, task, base=base, workload=load, liger_blocked=blocked, peak_flops=H200)
+    assert (got.acceleration, got.kernels) == expected, got.why
 
 
-def test_auto_reasons_name_the_threshold() -> None:
-    assert BIG.flops == pytest.approx(6 * 820e6 * 5000 * 8192)
-    _, why = accel.explain_acceleration("auto", "cuda", SHORT)
-    assert "< 1e+17" in why and "eager" in why
-    _, why = accel.explain_acceleration("auto", "cuda", SPARSE)
-    assert "50%" in why and "padding" in why
+def test_auto_says_what_it_estimated_and_what_it_set_aside() -> None:
+    short = accel.choose("auto", "auto", "cuda", "causal-lm", workload=GPU_CHECK, peak_flops=H200)
+    assert GPU_CHECK.flops == pytest.approx(6 * 820e6 * 150 * 8192)
+    assert short.why.startswith("auto: liger, estimated 15.2 s") and "eager 20.4 s" in short.why, short.why
+    assert "compile 53.5 s" in short.why and "0.82 B Llama" in short.why, short.why
+    padded = accel.choose("auto", "auto", "cuda", "causal-lm", workload=decoder(5000, fill=0.5), peak_flops=H200)
+    assert "set aside: compile: rows fill 50% of maxSeqLength < 95%" in padded.why, padded.why
+    gpt2 = accel.choose("auto", "auto", "cuda", "causal-lm", workload=GPU_CHECK, liger_blocked="no kernels for gpt2")
+    assert gpt2.why.startswith("auto: eager") and "liger: no kernels for gpt2" in gpt2.why, gpt2.why
+    cpu = accel.choose("auto", "auto", "cpu", "sequence-classification")
+    assert cpu.why == "auto: no option faster than eager measured for sequence-classification on cpu", cpu.why
+    assert accel.choose("none", "none", "cuda", "causal-lm").why == "requested acceleration none, kernels none"
+
+
+def test_an_unknown_gpu_is_weighed_at_the_measured_devices_peak() -> None:
+    """Eager time is the work over the row's utilisation of the device's peak; a GPU the peak table does not know
+    is taken at the peak of the device the rows were measured on."""
+    for peak in (math.nan, H200):
+        assert (
+            accel.choose("auto", "auto", "cuda", "causal-lm", workload=decoder(650), peak_flops=peak).acceleration
+            == "compile"
+        )
+    slower = accel.choose("auto", "auto", "cuda", "causal-lm", workload=decoder(650), peak_flops=H200 * 4)
+    assert (slower.acceleration, slower.kernels) == ("none", "liger")  # a 4x faster GPU: 162 s of eager work
+
+
+def test_weighing_the_workload_only_where_an_option_needs_it() -> None:
+    assert accel.weighs_workload("cuda", "causal-lm") and accel.weighs_workload("cuda", "sequence-classification")
+    assert not accel.weighs_workload("cuda", "dpo") and not accel.weighs_workload("cpu", "causal-lm")
+    assert accel.resolve_acceleration("auto") == "none" and accel.resolve_acceleration("ort") == "ort"
 
 
 def test_workload_is_one_devices_share(tmp_path: Path) -> None:
@@ -433,14 +505,23 @@ def test_workload_is_one_devices_share(tmp_path: Path) -> None:
     assert w16.flops == pytest.approx(w1.flops / 16)
 
 
-def test_auto_table_rows_can_be_overridden_for_measured_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FINETUNE_AUTO_TABLE", '{"cuda": {"acceleration": "compile", "minWorkFlops": 1e15}}')
-    assert accel.resolve_acceleration("auto", "cuda", SHORT) == "compile"  # 2.4e15 FLOPs: over the team's row
-    assert accel.resolve_acceleration("auto", "cpu", BIG) == "none" and not accel.weighs_workload("cpu")
-    monkeypatch.setenv("FINETUNE_AUTO_TABLE", '{"cuda": {"acceleration": "ort"}}')
-    with pytest.raises(ConfigError) as e:
-        accel.resolve_acceleration("auto", "cuda")
-    assert e.value.field == "env.FINETUNE_AUTO_TABLE" and "'none' or 'compile'" in str(e.value)
+def test_auto_table_rows_can_be_replaced_for_measured_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A platform team that measured its own hardware replaces a class's rows, combinations included."""
+    both = {"acceleration": "compile", "kernels": "liger", "speedup": 1.9, "warmupSeconds": 40, "minFill": 0.9}
+    monkeypatch.setenv(accel.AUTO_TABLE_ENV, json.dumps({"cuda": {"*": {"eagerMfu": 0.3, "options": [both]}}}))
+    long_run = accel.choose("auto", "auto", "cuda", "dpo", workload=decoder(650), peak_flops=H200)
+    assert (long_run.acceleration, long_run.kernels) == ("compile", "liger") and "FINETUNE_AUTO_TABLE" in long_run.why
+    assert accel.choose("auto", "auto", "cuda", "dpo", workload=GPU_CHECK, peak_flops=H200).acceleration == "none"
+    assert accel.choose("auto", "auto", "cpu", "dpo", workload=decoder(650)).acceleration == "none"  # cpu unchanged
+    for bad, words in [
+        ({"cuda": {"*": {"options": [{"acceleration": "ort"}]}}}, "'none' or 'compile'"),
+        ({"cuda": {"*": {"options": [{"kernels": "unsloth"}]}}}, "'none' or 'liger'"),
+        ({"cuda": {"acceleration": "compile"}}, "AttributeError"),  # the rows of an older image's format
+    ]:
+        monkeypatch.setenv(accel.AUTO_TABLE_ENV, json.dumps(bad))
+        with pytest.raises(ConfigError) as e:
+            accel.choose("auto", "auto", "cuda", "causal-lm")
+        assert e.value.field == "env.FINETUNE_AUTO_TABLE" and words in str(e.value), e.value
 
 
 def test_fused_adamw_is_known_for_the_installed_torch() -> None:
@@ -857,30 +938,25 @@ def test_an_export_sends_no_symbolic_link_and_reads_no_aws_config_under_home(tmp
     assert os.environ["AWS_CONFIG_FILE"] == os.environ["AWS_SHARED_CREDENTIALS_FILE"] == os.devnull
 
 
-def test_kernels_liger_only_where_it_can_run_and_auto_only_where_measured(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """training.kernels: liger is refused without a GPU and for a model type Liger does not patch, each naming the
-    field; auto picks liger only on a hardware row that measured it faster (no built-in row does), which a platform
-    sets through FINETUNE_AUTO_TABLE; none is none."""
+def test_kernels_liger_only_where_it_can_run() -> None:
+    """training.kernels: liger is refused for a task without a language-model head, without a GPU and for a model
+    type Liger does not patch, each naming the field and the fix; auto sets Liger aside for the same reasons."""
     from finetune_trainer import accel
     from finetune_trainer.errors import ConfigError
 
     patched = frozenset({"llama", "qwen2"})
-    assert accel.explain_kernels("none", "cuda", "llama", supported=patched) == ("none", "requested none")
-    assert accel.explain_kernels("liger", "cuda", "llama", supported=patched) == ("liger", "requested liger")
-    with pytest.raises(ConfigError, match="no GPU") as e:
-        accel.explain_kernels("liger", "cpu", "llama", supported=patched)
-    assert e.value.field == "training.kernels"
-    with pytest.raises(ConfigError, match=r"model type 'gpt2'.*llama, qwen2"):
-        accel.explain_kernels("liger", "cuda", "gpt2", supported=patched)
-    for hardware in ("cpu", "cuda"):  # the built-in rows: no measurement shows it faster yet
-        kernels, why = accel.explain_kernels("auto", hardware, "llama", supported=patched)
-        assert kernels == "none" and "no measurement" in why
-    monkeypatch.setenv(accel.AUTO_TABLE_ENV, '{"cuda": {"acceleration": "compile", "kernels": "liger"}}')
-    assert accel.explain_kernels("auto", "cuda", "llama", supported=patched)[0] == "liger"
-    assert accel.explain_kernels("auto", "cuda", "gpt2", supported=patched)[0] == "none"  # auto never refuses
-    monkeypatch.setenv(accel.AUTO_TABLE_ENV, '{"cuda": {"acceleration": "compile", "kernels": "unsloth"}}')
-    with pytest.raises(ConfigError, match="kernels must be"):
-        accel.explain_kernels("auto", "cuda", "llama", supported=patched)
+    assert accel.liger_unavailable("cuda", "llama", task="causal-lm", supported=patched) is None
+    assert accel.liger_unavailable("cuda", None, task="dpo", supported=patched) is None  # the model type waits
+    for hardware, model_type, task, words in [
+        ("cpu", "llama", "causal-lm", "no GPU"),
+        ("cuda", "gpt2", "causal-lm", r"model type 'gpt2'.*llama, qwen2"),
+        ("cuda", "bert", "sequence-classification", "not sequence-classification"),
+    ]:
+        with pytest.raises(ConfigError, match=words) as e:
+            accel.require_liger(hardware, model_type, task=task, supported=patched)
+        assert e.value.field == "training.kernels" and "spec.training.kernels" in e.value.message
+    short, _ = accel.liger_unavailable("cuda", "gpt2", task="causal-lm", supported=patched) or ("", "")
+    assert short == "Liger has no kernels for model type 'gpt2'"
 
 
 def test_liger_knows_the_tiny_llama_and_not_the_tiny_gpt2() -> None:

@@ -1,21 +1,25 @@
-"""Acceleration backends behind one small factory, with lazy imports (Optimum/ONNX Runtime load only for ``ort``).
+"""Acceleration backends behind one small factory, with lazy imports (Optimum/ONNX Runtime load only for ``ort``),
+and what ``acceleration: auto`` and ``training.kernels: auto`` pick.
 
-``acceleration: auto`` picks from :data:`AUTO_TABLE`, keyed by hardware class; every row is backed by a measurement
-in docs/benchmarks.md ("Trainer throughput", "How acceleration: auto decides"), and a class with no row falls back to
-eager:
+``auto`` picks from :data:`AUTO_TABLE`: per hardware class and task, the ways to train that a measurement showed
+(docs/benchmarks.md, "How auto decides"), each with its steady speed against eager with the model's own kernels and
+the one-off warm-up it costs. Once the model and data are known the trainer estimates the run's eager time (the
+training work of one device, 6 x parameters x tokens, at the row's measured eager utilisation of the device's
+peak) and takes the option that finishes first: time / speedup + warm-up. A combination (compile with Liger's
+kernels) is an option only where it was measured itself, never the product of two measurements. A hardware class
+or task with no row trains eager with the model's own kernels.
 
-- CPU -> eager: neither ONNX Runtime (0.93-1.08x eager) nor torch.compile (0.77-1.24x, plus 17-53 s of warm-up) is
+- CPU: no row. Neither ONNX Runtime (0.93-1.08x eager) nor torch.compile (0.77-1.24x, plus 17-53 s of warm-up) is
   a safe gain on CPUs.
-- CUDA -> torch.compile when the run is big enough to repay compilation, eager otherwise. Measured on an H200:
-  compile is 1.05-1.20x eager on BERT-base and 1.56x on a 0.8 B Llama-architecture decoder, after 21-40 s of
-  warm-up. The break-even of those runs lies at 3.4e16-7.5e16 FLOPs of training work per GPU (6 x parameters x
-  tokens), so ``auto`` compiles from :data:`COMPILE_MIN_WORK_FLOPS` = 1e17 per device, above every measured
-  break-even (about 5 minutes of eager training at the measured MFU). Per device, because every GPU compiles on its
-  own while the work is shared among them. Compiled batches are padded to ``maxSeqLength`` (one graph), so when the
-  rows fill less than :data:`COMPILE_MIN_FILL` (95 %) of it, the padding could cost more than the smallest measured
-  gain (1.05x) and ``auto`` stays eager.
+- CUDA, causal LM (SFT, full or LoRA): compile 1.48x after 39.7 s of warm-up, Liger's kernels 1.34x with no
+  separate warm-up (an H200, a 0.82 B Llama-architecture decoder, 512-token rows, bf16, 2026-12-04). So Liger's
+  kernels up to about 9.5 minutes of eager training, compile above it.
+- CUDA, sequence classification: compile 1.05x after 21 s (BERT-base, the smallest gain measured).
+- Compile pads every batch to ``maxSeqLength`` (one graph): it is set aside when the rows fill less than
+  :data:`COMPILE_MIN_FILL` (95 %) of it, where the padding could cost more than the smallest measured gain.
+- DPO and QLoRA: not measured; eager with the model's own kernels.
 
-:envvar:`FINETUNE_AUTO_TABLE` overrides rows for hardware a platform team measured itself.
+:envvar:`FINETUNE_AUTO_TABLE` replaces rows for hardware a platform team measured itself.
 
 Every path other than ``ort`` uses the library's default attention, which is SDPA on the default stack (1.21x eager
 attention on the H200), and fused AdamW where the installed torch has it for the device.
@@ -26,35 +30,81 @@ from __future__ import annotations
 import glob
 import importlib.util
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from finetune_trainer.errors import ConfigError
 
-COMPILE_MIN_WORK_FLOPS = 1e17
 COMPILE_MIN_FILL = 0.95
-# Platform teams that measured their own hardware may override rows: a JSON object such as
-# {"cuda": {"acceleration": "compile", "minWorkFlops": 5e16, "minFill": 0.9}} in this variable (the trainer image's
-# ENV; a job's spec.env cannot set FINETUNE_* names).
+REFERENCE_PEAK_FLOPS = 989e12  # the H200's dense bf16 peak: the device the built-in rows were measured on
+# Platform teams that measured their own hardware replace rows with a JSON object in this variable (the trainer
+# image's ENV; a job's spec.env cannot set FINETUNE_* names): {hardware: {task or "*": row}}, a row being
+# {"eagerMfu": 0.3 | "eagerFlopsPerSecond": 2e14, "options": [{"acceleration": "compile", "kernels": "none",
+# "speedup": 1.4, "warmupSeconds": 40, "minFill": 0.95, "bases": ["full", "lora"]}]}.
 AUTO_TABLE_ENV = "FINETUNE_AUTO_TABLE"
+BASES = ("full", "lora", "qlora")  # what the model trains: every weight, a LoRA adapter, a LoRA on a 4-bit base
 
 
 @dataclass(frozen=True)
-class AutoRow:
-    """What ``auto`` runs on one hardware class; below ``min_work_flops`` of estimated training work, or with rows
-    that fill less than ``min_fill`` of ``maxSeqLength``, eager instead."""
+class Option:
+    """One measured way to train: its steady throughput against eager with the model's own kernels, and the one-off
+    warm-up it costs (compilation)."""
 
-    acceleration: str
-    min_work_flops: float = 0.0
-    min_fill: float = 0.0
-    kernels: str = "none"  # "liger" only on a row whose measurement shows Liger's kernels faster
+    acceleration: str  # "none" or "compile"
+    kernels: str = "none"  # "none" or "liger"
+    speedup: float = 1.0
+    warmup_seconds: float = 0.0
+    min_fill: float = 0.0  # batches padded to maxSeqLength: the rows must fill at least this much of it
+    bases: tuple[str, ...] = ("full", "lora")
+    measured: str = ""
+
+    @property
+    def label(self) -> str:
+        parts = [p for p in (self.acceleration if self.acceleration != "none" else "", self.kernels) if p != "none"]
+        return " + ".join(p for p in parts if p) or "eager"
 
 
-# hardware class -> row; see docs/benchmarks.md "Trainer throughput" for the figures behind each row.
-AUTO_TABLE: dict[str, AutoRow] = {
-    "cpu": AutoRow("none"),
-    "cuda": AutoRow("compile", min_work_flops=COMPILE_MIN_WORK_FLOPS, min_fill=COMPILE_MIN_FILL),
+EAGER = Option("none", bases=BASES)
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """The options measured for one task on one hardware class, and eager's measured rate (to turn the run's work
+    into seconds): a share of the device's peak, or FLOP/s outright for hardware without a known peak."""
+
+    options: tuple[Option, ...] = ()
+    eager_mfu: float = 0.0
+    eager_flops: float = 0.0
+
+    def eager_rate(self, peak_flops: float) -> float:
+        if self.eager_flops > 0:
+            return self.eager_flops
+        peak = peak_flops if math.isfinite(peak_flops) and peak_flops > 0 else REFERENCE_PEAK_FLOPS
+        return self.eager_mfu * peak
+
+
+H200_DECODER = "an H200, a 0.82 B Llama-architecture decoder, 512-token rows, batch 16, bf16, 2026-12-04"
+H200_BERT = "an H200, BERT-base, 128-token rows, batch 64, bf16, 2026-11-30 (the smallest gain of three settings)"
+# hardware class -> task (or "*" for every task without its own row) -> row; docs/benchmarks.md has the figures.
+AUTO_TABLE: dict[str, dict[str, TaskRow]] = {
+    "cpu": {},
+    "cuda": {
+        "causal-lm": TaskRow(
+            options=(
+                Option("compile", speedup=1.48, warmup_seconds=39.7, min_fill=COMPILE_MIN_FILL, measured=H200_DECODER),
+                Option("none", "liger", speedup=1.34, measured=H200_DECODER),
+            ),
+            eager_mfu=0.30,
+        ),
+        "sequence-classification": TaskRow(
+            options=(
+                Option("compile", speedup=1.05, warmup_seconds=21.0, min_fill=COMPILE_MIN_FILL, measured=H200_BERT),
+            ),
+            eager_mfu=0.17,
+        ),
+    },
 }
 
 
@@ -72,38 +122,60 @@ class Workload:
         return 6.0 * self.params * self.total_steps * self.tokens_per_step
 
 
-def auto_table() -> dict[str, AutoRow]:
-    """:data:`AUTO_TABLE` with the rows of ``$FINETUNE_AUTO_TABLE`` over it (a bad value is a config error)."""
+def _option(hardware: str, raw: dict[str, Any]) -> Option:
+    if raw.get("acceleration", "none") not in ("none", "compile"):
+        raise ValueError(f"{hardware}: acceleration must be 'none' or 'compile'")
+    if raw.get("kernels", "none") not in ("none", "liger"):
+        raise ValueError(f"{hardware}: kernels must be 'none' or 'liger'")
+    bases = tuple(raw.get("bases", ("full", "lora")))
+    if not set(bases) <= set(BASES):
+        raise ValueError(f"{hardware}: bases must be among {', '.join(BASES)}")
+    return Option(
+        raw.get("acceleration", "none"),
+        raw.get("kernels", "none"),
+        float(raw.get("speedup", 1.0)),
+        float(raw.get("warmupSeconds", 0.0)),
+        float(raw.get("minFill", 0.0)),
+        bases,
+        str(raw.get("measured", f"{AUTO_TABLE_ENV}")),
+    )
+
+
+def auto_table() -> dict[str, dict[str, TaskRow]]:
+    """:data:`AUTO_TABLE` with the hardware classes of ``$FINETUNE_AUTO_TABLE`` in place of its own (a bad value is
+    a config error)."""
     raw = os.environ.get(AUTO_TABLE_ENV)
     if not raw:
         return AUTO_TABLE
     try:
-        rows = json.loads(raw)
         table = dict(AUTO_TABLE)
-        for hardware, row in rows.items():
-            if row["acceleration"] not in ("none", "compile"):
-                raise ValueError(f"{hardware}: acceleration must be 'none' or 'compile'")
-            if row.get("kernels", "none") not in ("none", "liger"):
-                raise ValueError(f"{hardware}: kernels must be 'none' or 'liger'")
-            table[hardware] = AutoRow(
-                row["acceleration"],
-                float(row.get("minWorkFlops", 0)),
-                float(row.get("minFill", 0)),
-                row.get("kernels", "none"),
-            )
+        for hardware, tasks in json.loads(raw).items():
+            table[hardware] = {
+                task: TaskRow(
+                    tuple(_option(hardware, o) for o in row.get("options", ())),
+                    float(row.get("eagerMfu", 0.0)),
+                    float(row.get("eagerFlopsPerSecond", 0.0)),
+                )
+                for task, row in tasks.items()
+            }
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ConfigError(
             "env." + AUTO_TABLE_ENV,
-            f'not a JSON object of rows like {{"cuda": {{"acceleration": "compile", "minWorkFlops": 1e17}}}}: '
-            f"{type(e).__name__}: {e}",
+            'not a JSON object of rows like {"cuda": {"causal-lm": {"eagerMfu": 0.3, "options": [{"acceleration": '
+            f'"compile", "speedup": 1.4, "warmupSeconds": 40}}]}}}}: {type(e).__name__}: {e}',
         ) from None
     return table
 
 
-def weighs_workload(hardware: str) -> bool:
-    """Whether ``auto`` on this hardware depends on the workload (so the trainer must estimate it)."""
-    row = auto_table().get(hardware)
-    return row is not None and row.acceleration != "none"
+def task_row(hardware: str, task: str) -> TaskRow | None:
+    rows = auto_table().get(hardware) or {}
+    return rows.get(task) or rows.get("*")
+
+
+def weighs_workload(hardware: str, task: str) -> bool:
+    """Whether ``auto`` for this task on this hardware depends on the workload (so the trainer must estimate it)."""
+    row = task_row(hardware, task)
+    return row is not None and any(o.warmup_seconds or o.min_fill for o in row.options)
 
 
 def hardware_class(cuda_available: bool | None = None) -> str:
@@ -114,37 +186,88 @@ def hardware_class(cuda_available: bool | None = None) -> str:
     return "cuda" if cuda_available else "cpu"
 
 
-def resolve_acceleration(requested: str, hardware: str, workload: Workload | None = None) -> str:
-    """``auto`` -> the table's row for ``hardware`` (eager when the class has no row, or when the row's thresholds
-    are not met or cannot be judged yet because ``workload`` is unknown); others pass through."""
-    return explain_acceleration(requested, hardware, workload)[0]
+def resolve_acceleration(requested: str) -> str:
+    """The acceleration until the model and data are known: ``auto`` trains eager until :func:`choose` settles it
+    (never ``ort``), the others as requested."""
+    return "none" if requested == "auto" else requested
 
 
-def explain_acceleration(requested: str, hardware: str, workload: Workload | None = None) -> tuple[str, str]:
-    """:func:`resolve_acceleration` plus the reason, for the log and result.json."""
-    if requested != "auto":
-        return requested, f"requested {requested}"
-    row = auto_table().get(hardware)
-    if row is None:
-        return "none", f"auto: no measured row for {hardware}: eager"
-    if row.acceleration == "none":
-        return "none", f"auto: {hardware} row is eager"
-    if workload is None:
-        return "none", f"auto: {hardware} row is {row.acceleration} once the workload is known"
-    if workload.flops < row.min_work_flops:
-        return "none", (
-            f"auto: estimated work {workload.flops:.2g} FLOPs < {row.min_work_flops:.2g}: "
-            f"{row.acceleration}'s warm-up would not pay; eager"
+@dataclass(frozen=True)
+class Choice:
+    """What a run trains with, and why (the log, result.json and the job's status say it)."""
+
+    acceleration: str
+    kernels: str
+    why: str
+
+
+def choose(
+    acceleration: str,
+    kernels: str,
+    hardware: str,
+    task: str,
+    *,
+    base: str = "full",
+    workload: Workload | None = None,
+    liger_blocked: str | None = None,
+    peak_flops: float = math.nan,
+) -> Choice:
+    """Settle ``auto`` (of ``acceleration``, ``kernels`` or both) from the table: of the options that match what was
+    requested and can run here, the one whose estimated time (eager time / speedup + warm-up) is least.
+    ``liger_blocked`` says why Liger's kernels cannot run here (None: they can)."""
+    if acceleration != "auto" and kernels != "auto":
+        return Choice(acceleration, kernels, f"requested acceleration {acceleration}, kernels {kernels}")
+    where = f"{task} on {hardware}"
+    row = task_row(hardware, task)
+    fitting = [
+        o
+        for o in (EAGER, *(row.options if row else ()))
+        if acceleration in ("auto", o.acceleration) and kernels in ("auto", o.kernels)
+    ]
+    aside: list[str] = []
+    usable: list[Option] = []
+    for o in fitting:
+        if base not in o.bases:
+            aside.append(f"{o.label}: not measured with {base}")
+        elif o.kernels == "liger" and kernels == "auto" and liger_blocked:
+            aside.append(f"{o.label}: {liger_blocked}")
+        elif o.min_fill and acceleration == "auto" and workload is not None and workload.fill < o.min_fill:
+            aside.append(f"{o.label}: rows fill {workload.fill:.0%} of maxSeqLength < {o.min_fill:.0%}")
+        elif o.warmup_seconds and acceleration == "auto" and workload is None:
+            aside.append(f"{o.label}: its warm-up is weighed once the workload is known")
+        else:
+            usable.append(o)
+    settled_a = acceleration if acceleration != "auto" else "none"
+    settled_k = kernels if kernels != "auto" else "none"
+    if not usable:  # what was requested outright, and the model's own kernels / eager for the rest
+        return Choice(settled_a, settled_k, _reason(f"auto: nothing measured for {where} with that request", aside))
+    eager_s = None
+    if workload is not None and row is not None and row.eager_rate(peak_flops) > 0:
+        eager_s = workload.flops / row.eager_rate(peak_flops)
+
+    def cost(o: Option) -> float:
+        return (eager_s / o.speedup + o.warmup_seconds) if eager_s is not None else 1.0 / o.speedup
+
+    best = min(usable, key=cost)
+    if len(usable) == 1 and best is EAGER:
+        head = f"auto: no option faster than eager measured for {where}"
+    elif eager_s is None:
+        head = f"auto: {best.label} ({best.speedup:.2f}x eager, no warm-up; {best.measured})"
+    else:
+        others = ", ".join(f"{o.label} {cost(o):.3g} s" for o in usable if o is not best)
+        head = (
+            f"auto: {best.label}, estimated {cost(best):.3g} s for {workload.flops if workload else 0:.2g} FLOPs "
+            f"against {others}" + (f" ({best.measured})" if best.measured else "")
         )
-    if workload.fill < row.min_fill:
-        return "none", (
-            f"auto: rows fill {workload.fill:.0%} of maxSeqLength < {row.min_fill:.0%}: padding for "
-            f"{row.acceleration} would cost more than it gains; eager"
-        )
-    return row.acceleration, (
-        f"auto: estimated work {workload.flops:.2g} FLOPs >= {row.min_work_flops:.2g}, rows fill {workload.fill:.0%} "
-        f"of maxSeqLength: {row.acceleration}"
+    return Choice(
+        best.acceleration if acceleration == "auto" else settled_a,
+        best.kernels if kernels == "auto" else settled_k,
+        _reason(head, aside),
     )
+
+
+def _reason(head: str, aside: list[str]) -> str:
+    return head + (f"; set aside: {'; '.join(aside)}" if aside else "")
 
 
 def liger_model_types() -> frozenset[str]:
@@ -157,62 +280,39 @@ def liger_model_types() -> frozenset[str]:
 LIGER_TASKS = ("causal-lm", "dpo")  # Liger's patches replace a causal LM's forward (its fused loss needs an lm_head)
 
 
-def explain_kernels(
-    requested: str,
-    hardware: str,
-    model_type: str | None,
-    *,
-    task: str = "causal-lm",
-    supported: frozenset[str] | None = None,
-) -> tuple[str, str]:
-    """``training.kernels`` settled: 'liger' or 'none', and why (for the log and result.json).
+def liger_unavailable(
+    hardware: str, model_type: str | None, *, task: str, supported: frozenset[str] | None = None
+) -> tuple[str, str] | None:
+    """Why Liger's kernels cannot run here, as (a short reason, the refusal naming the field and the fix), or None.
 
-    'liger' is Triton GPU kernels (RMSNorm, RoPE, SwiGLU; fused linear cross-entropy where the trainer's loss allows)
-    patched into a causal LM: refused for other tasks, without a GPU, without the package and for a model type Liger
-    does not patch. 'auto' picks it only where the hardware's row of the
-    auto table says a measurement showed it faster (no built-in row does yet: docs/benchmarks.md)."""
-    if requested == "none":
-        return "none", "requested none"
+    Liger's kernels are Triton GPU kernels (RMSNorm, RoPE, SwiGLU; fused linear cross-entropy where the trainer's
+    loss allows) patched into a causal LM: not for other tasks, not without a GPU, not without the package and not
+    for a model type Liger does not patch. ``model_type`` None: not known yet (checked again with the model)."""
     if task not in LIGER_TASKS:
-        return _unavailable(
-            requested,
-            f"Liger's kernels are for language-model heads, not {task}",
-            f"Liger's kernels are for language-model heads (task causal-lm or dpo), not {task}; set "
-            "spec.training.kernels to auto or none",
-        )
-    if requested == "liger" and hardware != "cuda":
-        raise ConfigError(
-            "training.kernels",
+        why = f"Liger's kernels are for language-model heads, not {task}"
+        return why, f"{why} (task causal-lm or dpo); set spec.training.kernels to auto or none"
+    if hardware != "cuda":
+        return (
+            "Liger's kernels need a GPU",
             "Liger's kernels are Triton GPU kernels and this pod has no GPU: request nvidia.com/gpu in "
             "spec.resources.limits or set spec.training.kernels to none",
         )
-    row = auto_table().get(hardware)
-    if requested == "auto" and (row is None or row.kernels != "liger"):
-        return "none", f"auto: no measurement on {hardware} shows Liger's kernels faster; the model's own"
     try:
         types = supported if supported is not None else liger_model_types()
     except ImportError as e:
-        return _unavailable(
-            requested,
-            f"Liger is not installed in this image ({e})",
-            f"Liger is not installed in this image ({e}): use the default trainer image, or set "
-            "spec.training.kernels to auto or none",
-        )
-    if model_type not in types:
-        return _unavailable(
-            requested,
-            f"Liger has no kernels for model type {model_type!r}",
-            f"Liger has no kernels for model type {model_type!r} (it patches: {', '.join(sorted(types))}); set "
-            "spec.training.kernels to none or auto",
-        )
-    return "liger", "requested liger" if requested == "liger" else f"auto: the {hardware} row measured Liger faster"
+        why = f"Liger is not installed in this image ({e})"
+        return why, f"{why}: use the default trainer image, or set spec.training.kernels to auto or none"
+    if model_type is not None and model_type not in types:
+        why = f"Liger has no kernels for model type {model_type!r}"
+        return why, f"{why} (it patches: {', '.join(sorted(types))}); set spec.training.kernels to none or auto"
+    return None
 
 
-def _unavailable(requested: str, auto_why: str, refusal: str) -> tuple[str, str]:
-    """Liger cannot run here: ``auto`` keeps the model's own kernels and says why; ``liger`` is a config error."""
-    if requested == "auto":
-        return "none", f"auto: {auto_why}; the model's own"
-    raise ConfigError("training.kernels", refusal)
+def require_liger(hardware: str, model_type: str | None, *, task: str, supported: frozenset[str] | None = None) -> None:
+    """``training.kernels: liger`` where it cannot run is a config error naming the field."""
+    blocked = liger_unavailable(hardware, model_type, task=task, supported=supported)
+    if blocked is not None:
+        raise ConfigError("training.kernels", blocked[1])
 
 
 def fused_adamw_supported(device_type: str) -> bool:

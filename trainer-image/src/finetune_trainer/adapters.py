@@ -35,6 +35,15 @@ def quantization_config(precision: str) -> Any:
     )
 
 
+def base_kind(config: Config) -> str:
+    """What the run trains, as ``auto``'s table names it: every weight ('full'), a LoRA adapter ('lora') or a LoRA on
+    a 4-bit base ('qlora')."""
+    lora = config.training.lora
+    if lora is None:
+        return "full"
+    return "qlora" if lora.quantization else "lora"
+
+
 def apply_lora(config: Config, model: Any) -> Any:
     peft = peft_module()
     lora = config.training.lora

@@ -63,10 +63,10 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
 
     data.validate_local_dataset(config)
 
-    kind = accel.resolve_acceleration(config.acceleration, accel.hardware_class(cuda_available))
+    kind = accel.resolve_acceleration(config.acceleration)
     accel.check_available(kind, nproc_per_node=run.nproc_per_node, cuda_available=cuda_available)
     if config.training.kernels == "liger" and not cuda_available:  # refused before torchrun (the model type waits)
-        accel.explain_kernels("liger", "cpu", None, task=config.task)
+        accel.require_liger("cpu", None, task=config.task)
     if data.uses_sft(config):
         field = (
             "training.packing"

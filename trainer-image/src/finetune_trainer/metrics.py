@@ -331,6 +331,12 @@ class MetricsCallback(TrainerCallback):
             return None, None
         return self.steady_samples / self.steady_seconds, self.steady_tokens / self.steady_seconds
 
+    def steady_mfu(self) -> float | None:
+        """The model FLOPs utilisation of this node's steady rate (what the gauge tracks); None where unknown."""
+        _, tokens = self.steady_rates()
+        utilisation = mfu(self.params, tokens or 0.0, self.peak, self.nproc)
+        return None if math.isnan(utilisation) or not tokens else round(utilisation, 4)
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not logs:
             return

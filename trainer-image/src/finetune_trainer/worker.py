@@ -189,7 +189,7 @@ def load_model(
 ) -> Any:
     """The model, with LoRA (or QLoRA: the base in 4-bit on ``device``) when configured. ``initFromConfig`` models
     are built and initialised directly on ``device`` (a GPU initialises a billion parameters in well under a second;
-    the CPU takes tens of seconds)."""
+    the CPU takes tens of seconds), a LoRA base on a GPU in the run's half precision."""
     import contextlib
 
     import torch
@@ -208,8 +208,12 @@ def load_model(
     auto = _auto_classes(config.task)
     transformers.set_seed(config.training.seed)  # identical random init on every rank
     if m.init_from_config:
+        # A LoRA base is frozen: on a GPU it is built in the run's half precision, as a half-precision checkpoint
+        # loads (an 8 B base takes 16 GB instead of 32); fully trained weights stay fp32 under mixed precision.
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision) if device else None
+        dtype = {"dtype": half} if half is not None and config.training.lora is not None else {}
         with torch.device(device) if device else contextlib.nullcontext():
-            model = auto.from_config(model_config, **common, **attn)
+            model = auto.from_config(model_config, **common, **attn, **dtype)
     else:
         quant: dict[str, Any] = {}
         lora = config.training.lora
@@ -266,6 +270,16 @@ def mean_row_tokens(ds: Any) -> float:
     """Mean tokenized row length (before padding)."""
     lengths = [len(ids) for ids in ds["input_ids"]]
     return sum(lengths) / len(lengths) if lengths else 0.0
+
+
+def device_peak_flops(ident: Identity, setup: Any) -> float:
+    """The dense peak of this rank's GPU in the run's precision (NaN on a CPU or an unknown device): what ``auto``
+    turns the run's work into seconds with."""
+    if not setup.cuda:
+        return math.nan
+    import torch
+
+    return peak_flops(torch.cuda.get_device_name(ident.local_rank), setup.precision)
 
 
 def state_checksum(state: dict[str, Any]) -> str:
@@ -582,9 +596,10 @@ def set_up(config: Config, ident: Identity, launch_time: float) -> Setup:
 
     cuda = torch.cuda.is_available()
     hardware = accel.hardware_class(cuda)
-    # ``auto`` is settled once model and data are known (the CUDA row weighs the workload); until then the
+    # ``auto`` is settled once model and data are known (accel.choose weighs the workload); until then the
     # process group forms and the data loads under eager arguments.
-    kind, why = accel.explain_acceleration(config.acceleration, hardware)
+    kind = accel.resolve_acceleration(config.acceleration)
+    why = f"requested {kind}" if config.acceleration != "auto" else "auto: settled once the model is loaded"
     backend = accel.make_backend(kind)
     precision = resolve_precision(
         config.training.precision, cuda=cuda, bf16_supported=cuda and torch.cuda.is_bf16_supported()
@@ -630,7 +645,7 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
     splits = [config.dataset.split] + ([config.dataset.eval_split] if evaluate else [])
     prepared: list[Any] = []
     mean_tokens: list[float] = []  # per split, the training split's first
-    weigh = config.acceleration == "auto" and accel.weighs_workload(setup.hardware)
+    weigh = config.acceleration == "auto" and accel.weighs_workload(setup.hardware, config.task)
     label_ids, labels = (None, None)
     preference = None
     with setup.args.main_process_first(desc="load and tokenize the dataset"):
@@ -673,15 +688,14 @@ def load_the_model(
     setup.phases["model_seconds"] = time.time() - launch_time - sum(setup.phases.values())
     setup.metrics.startup_model.set(setup.phases["model_seconds"])
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    setup.kernels, setup.kernels_why = accel.explain_kernels(
-        config.training.kernels, setup.hardware, model_type, task=config.task
-    )
-    rebuild = setup.kernels != "none"
-    if config.acceleration == "auto" and accel.weighs_workload(setup.hardware) and ds.preference is not None:
-        setup.kind, setup.why = "none", "auto: task dpo is not weighed (TRL pads each pair: the fill is unknown); eager"
-        rebuild = rebuild or setup.backend.name != "none"
-        setup.backend = accel.make_backend("none")
-    elif config.acceleration == "auto" and accel.weighs_workload(setup.hardware):
+    requested_kernels = config.training.kernels
+    blocked = None
+    if requested_kernels != "none":
+        blocked = accel.liger_unavailable(setup.hardware, model_type, task=config.task)
+        if requested_kernels == "liger" and blocked is not None:
+            raise ConfigError("training.kernels", blocked[1])
+    load = None
+    if config.acceleration == "auto" and accel.weighs_workload(setup.hardware, config.task):
         load = workload(
             config,
             ident,
@@ -690,10 +704,24 @@ def load_the_model(
             mean_row_tokens=config.training.max_seq_length if config.training.packing else ds.mean_train_tokens,
             done_steps=setup.resume.step if setup.resume else 0,
         )
-        setup.kind, setup.why = accel.explain_acceleration("auto", setup.hardware, load)
-        if setup.kind != setup.backend.name:
-            setup.backend = accel.make_backend(setup.kind)
-            rebuild = True
+    choice = accel.choose(
+        config.acceleration,
+        requested_kernels,
+        setup.hardware,
+        config.task,
+        base=adapters.base_kind(config),
+        workload=load,
+        liger_blocked=blocked[0] if blocked else None,
+        peak_flops=device_peak_flops(ident, setup),
+    )
+    setup.kernels = choice.kernels
+    setup.kernels_why = f"requested {requested_kernels}" if requested_kernels != "auto" else choice.why
+    if config.acceleration == "auto":
+        setup.kind, setup.why = choice.acceleration, choice.why
+    rebuild = setup.kernels != "none"
+    if setup.kind != setup.backend.name:
+        setup.backend = accel.make_backend(setup.kind)
+        rebuild = True
     if rebuild:
         setup.args = build_training_args(
             config, setup.backend, ident, cuda=setup.cuda, precision=setup.precision, kernels=setup.kernels
@@ -945,6 +973,7 @@ def save_results(
                 "sharding": config.training.sharding,
                 # the peak of rank 0's GPU; null on CPU
                 "gpu_memory_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
+                "mfu": metrics_cb.steady_mfu(),  # rank 0's node at its steady rate; null on CPU or an unknown GPU
                 "model": model_result,
                 # Every evaluation ({"step", "loss", and perplexity, or accuracy and f1}) and the final model's.
                 "eval_history": metrics_cb.eval_history,

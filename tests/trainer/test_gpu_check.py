@@ -1,0 +1,44 @@
+"""`bench/gpu_check.sh` at toy sizes on the CPU (`GPU_CHECK_DEVICE=cpu`): the script a GPU machine runs, checked on
+every change so that the few minutes a GPU is lent for are never spent on a broken script.
+
+Nothing is mocked: the same rows run as on a GPU (`finetune run-local` scraped mid-run, then the rows forked from
+one process by `bench/gpu_rows.py`, then the benches), at sizes a CPU trains in seconds; the rows a CPU cannot run
+(Liger's kernels, QLoRA) must be refused with exit 78.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.trainer
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_gpu_check_runs_every_row_at_toy_sizes(tmp_path: Path) -> None:
+    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", "bench/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = (tmp_path / "summary.log").read_text()
+    lines = {line.split(":", 1)[0]: line for line in summary.splitlines() if ":" in line}
+    # row 1: what auto settled and why, the scraped gauges, the start-up by phase
+    assert "acceleration none (auto: no option faster than eager measured for causal-lm on cpu)" in summary, summary
+    assert "mid-run gauges" in summary and "'launcher_seconds'" in summary, summary
+    # the rows of one process, in order, each with its figures or the refusal a CPU must give
+    rows = ["kernels-none", "liger", "llama8b-lora", "dpo", "qlora", "fsdp"]
+    assert [name for name in lines if name in rows] == rows, summary
+    for refused in ("liger", "qlora"):
+        assert "exit 78 on CPU" in lines[refused], lines[refused]
+    assert "adapter lora" in lines["llama8b-lora"] and "rewards" in lines["dpo"], summary
+    assert "sharded checkpoint True" in lines["fsdp"], lines["fsdp"]
+    assert "rows: 6 in" in summary and ", 0 failed" in summary, summary
+    assert "forked from this process" in summary, summary
+    # the benches, with their tables
+    assert summary.count("| compile | sdpa |") == 2 and "| eager-attention | eager |" in summary, summary
+    assert "done in" in summary, summary
