@@ -39,6 +39,11 @@ GAUGES = {
     "finetune_train_reward_accuracy": "reward_accuracy",
     "finetune_train_reward_margin": "reward_margin",
 }
+# What the run trains with, from the labels of this always-1 series (the trainer's auto settled): label -> field
+CHOICE_INFO = "finetune_train_choice_info"
+CHOICE_LABELS = {"acceleration": "acceleration", "kernels": "kernels", "reason": "acceleration_reason"}
+CHOICE_VALUES = {"acceleration": ("none", "compile", "ort"), "kernels": ("none", "liger")}
+CHOICE_REASON_CHARS = 400
 # 0 until the trainer knows them: left out until then (restarts in place: 0 is the status's absent field)
 SET_ONCE = {
     "restarts_in_place",
@@ -78,9 +83,19 @@ def _ours(text: str) -> str:
     keep = []
     for line in text.splitlines():
         name = line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line
-        if name.startswith("finetune_") and name.split("{", 1)[0].split(" ", 1)[0] in GAUGES:
+        if name.startswith("finetune_") and name.split("{", 1)[0].split(" ", 1)[0] in (*GAUGES, CHOICE_INFO):
             keep.append(line)
     return "\n".join(keep) + "\n"
+
+
+def _choice(labels: dict[str, str]) -> dict[str, str]:
+    """What the run trains with: known values only, the reason as printable text of bounded length (a tenant's page
+    can say anything)."""
+    out = {CHOICE_LABELS[k]: labels[k] for k, allowed in CHOICE_VALUES.items() if labels.get(k) in allowed}
+    reason = "".join(c for c in labels.get("reason", "") if c.isprintable())[:CHOICE_REASON_CHARS]
+    if reason and out:
+        out["acceleration_reason"] = reason
+    return out
 
 
 def parse_metrics(text: str, *, nodes: int) -> Progress | None:
@@ -88,6 +103,9 @@ def parse_metrics(text: str, *, nodes: int) -> Progress | None:
     before the trainer's training loop has started."""
     out: dict[str, Any] = {}
     for family in text_string_to_metric_families(_ours(text)):
+        if family.name == CHOICE_INFO and family.samples:
+            out.update(_choice(family.samples[0].labels))
+            continue
         field = GAUGES.get(family.name)
         if field is None or not family.samples:
             continue

@@ -107,6 +107,15 @@ def startup_line(progress: dict[str, Any]) -> str:
     return f"{total:.3g}s to the first step" + (": " + ", ".join(parts) if parts else "")
 
 
+def choice_line(progress: dict[str, Any]) -> str:
+    """What the current attempt trains with and why: "compile, kernels liger: auto: ..." ("" before the trainer
+    said)."""
+    if not progress.get("acceleration"):
+        return ""
+    line = f"{progress['acceleration']}, kernels {progress.get('kernels') or 'none'}"
+    return line + (f" ({progress['accelerationReason']})" if progress.get("accelerationReason") else "")
+
+
 BARS = "▁▂▃▄▅▆▇█"
 
 
@@ -200,6 +209,8 @@ def status_block(
     prog = st.get("progress") or {}
     if line := startup_line(prog):
         _add(head, "Start-up", line)
+    if line := choice_line(prog):
+        _add(head, "Trains with", Text(line))
     if prog.get("lastCheckpointStep") is not None:
         _add(head, "Checkpoint", f"step {prog['lastCheckpointStep']}")
     if prog.get("stepsLostToRestarts"):

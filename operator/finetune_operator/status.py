@@ -92,6 +92,9 @@ class Progress:
     data_seconds: float | None = None
     model_seconds: float | None = None
     restarts_in_place: int | None = None  # the current attempt's restarts of every rank in place (rank 0's round)
+    acceleration: str | None = None  # what the current attempt trains with (auto settled by the trainer), and why
+    kernels: str | None = None
+    acceleration_reason: str | None = None
     update_time: datetime | None = None
 
     def to_wire(self) -> dict[str, Any]:

@@ -62,8 +62,10 @@ TRAINER_GAUGES = {
     "finetune_startup_model_seconds",
     "finetune_attempt",
     "finetune_restarts_in_place",
+    "finetune_train_choice_info",  # always 1: what the run trains with, in its labels (TRAINER_CHOICE_LABELS)
 }
 TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}
+TRAINER_CHOICE_LABELS = {"acceleration", "kernels", "reason"}
 OPERATOR_LABELS = {"finetune_namespace", "state", "reason", "direction"}
 
 # Series from other exporters the bundle joins with (documented as optional dependencies).

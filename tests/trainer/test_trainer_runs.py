@@ -137,8 +137,11 @@ def test_metrics_scraped_during_run_are_prometheus_text(eager_run: dict) -> None
     assert set(families) >= METRIC_NAMES, METRIC_NAMES - set(families)
     for name in METRIC_NAMES:
         for sample in families[name].samples:
-            labels = {k: v for k, v in sample.labels.items() if k not in ("le",)}
+            labels = {k: v for k, v in sample.labels.items() if k not in ("le", *names.TRAINER_CHOICE_LABELS)}
             assert labels == {"finetune_namespace": "default", "finetune_job": "tiny-seqcls", "node_rank": "0"}, sample
+    [choice] = families["finetune_train_choice_info"].samples  # what auto settled, once the model was loaded
+    assert (choice.labels["acceleration"], choice.labels["kernels"], choice.value) == ("none", "none", 1)
+    assert choice.labels["reason"].startswith("auto: no option faster than eager measured"), choice
     value = {
         s.name: s.value for f in families.values() for s in f.samples if not s.name.endswith(("_bucket", "_created"))
     }

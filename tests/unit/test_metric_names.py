@@ -38,12 +38,14 @@ def test_trainer_metrics_match_the_chart_list() -> None:
     from finetune_trainer.metrics import TrainerMetrics  # the trainer package is part of the test venv
 
     m = TrainerMetrics(namespace="ns", job="j", node_rank=0)
+    m.set_choice("none", "liger", "auto: liger")
     fams = _families(m.registry)
     assert {n for n, (t, _) in fams.items() if t == "counter"} == names.TRAINER_COUNTERS
     assert {n for n, (t, _) in fams.items() if t == "gauge"} == names.TRAINER_GAUGES
     assert {n for n, (t, _) in fams.items() if t == "histogram"} == names.TRAINER_HISTOGRAMS
-    for _, labels in fams.values():
-        assert labels == names.TRAINER_LABELS
+    for name, (_, labels) in fams.items():
+        extra = names.TRAINER_CHOICE_LABELS if name == "finetune_train_choice_info" else set()
+        assert labels == names.TRAINER_LABELS | extra, name
 
 
 def test_the_exporter_imports_without_transformers() -> None:

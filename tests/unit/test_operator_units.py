@@ -1188,6 +1188,39 @@ def test_time_to_first_step_warmup_and_rendezvous_reach_progress() -> None:
     assert p is not None and (p.eval_loss, p.eval_accuracy, p.eval_f1) == (0.6123, 0.75, None)  # not scaled by nodes
 
 
+def test_what_a_run_trains_with_reaches_progress_known_values_and_bounded_text() -> None:
+    """The trainer's choice series (auto settled: acceleration, kernels, why) becomes status.progress fields; a page
+    that says anything (an unknown value, terminal escapes, a reason of megabytes) leaves no more than the schema
+    holds."""
+    from finetune_operator.progress import CHOICE_REASON_CHARS, parse_metrics
+    from finetune_trainer import metrics
+    from finetune_trainer.metrics import TrainerMetrics
+    from prometheus_client import generate_latest
+
+    crd = yaml.safe_load((ROOT / "crds" / "finetune.dev_finetunejobs.yaml").read_text())
+    progress = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
+    bound = progress["properties"]["accelerationReason"]["maxLength"]
+    assert metrics.CHOICE_REASON_CHARS == CHOICE_REASON_CHARS == bound
+    m = TrainerMetrics(namespace="ns", job="ft", node_rank=0)
+    m.total_steps.set(10)
+    assert parse_metrics(generate_latest(m.registry).decode(), nodes=1).acceleration is None  # type: ignore[union-attr]
+    m.set_choice("compile", "none", "auto: compile, estimated 700 s against eager 900 s")
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)
+    assert p is not None and (p.acceleration, p.kernels) == ("compile", "none")
+    assert p.to_wire()["accelerationReason"] == "auto: compile, estimated 700 s against eager 900 s"
+    m.set_choice("none", "liger", "auto: liger")  # a later choice replaces the earlier one
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=1)
+    assert p is not None and (p.acceleration, p.kernels, p.acceleration_reason) == ("none", "liger", "auto: liger")
+    hostile = (
+        "finetune_train_total_steps 10\n"
+        'finetune_train_choice_info{acceleration="rm -rf",kernels="liger",reason="\x1b[2J' + "x" * 100_000 + '"} 1\n'
+    )
+    p = parse_metrics(hostile, nodes=1)
+    assert p is not None and p.acceleration is None and p.kernels == "liger"
+    assert p.acceleration_reason is not None and len(p.acceleration_reason) == CHOICE_REASON_CHARS
+    assert "\x1b" not in p.acceleration_reason
+
+
 def test_status_wire_form_is_the_crds_and_round_trips() -> None:
     """Every field of the typed status reaches the wire under the name the CRD's status schema declares (a misspelt
     key would be pruned by the API server), and reading the wire form back gives the same status."""

@@ -290,3 +290,16 @@ def test_the_status_says_where_the_start_up_went() -> None:
     assert render.startup_line({}) == "" and render.startup_line({"timeToFirstStepSeconds": 3.0}) == (
         "3s to the first step"
     )
+
+
+def test_the_status_says_what_the_run_trains_with_and_why() -> None:
+    """auto settled by the trainer (its choice series, scraped into status.progress), printed as text."""
+    j = failed_job()
+    j["status"]["progress"] = {
+        "acceleration": "none",
+        "kernels": "liger",
+        "accelerationReason": "auto: liger, estimated 15.2 s for 6e+15 FLOPs against eager 20.4 s, compile 53.5 s",
+    }
+    out = text(render.status_block(j, [], [], now=NOW))
+    assert "Trains with  none, kernels liger (auto: liger, estimated 15.2 s for 6e+15 FLOPs" in out, out
+    assert render.choice_line({}) == ""

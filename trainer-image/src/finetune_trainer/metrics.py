@@ -34,6 +34,7 @@ from finetune_trainer.evaluation import summarize
 log = logging.getLogger(__name__)
 
 LABELS = ("finetune_namespace", "finetune_job", "node_rank")
+CHOICE_REASON_CHARS = 400  # what the operator keeps of auto's reason in status.progress
 
 # Dense peak tensor-core throughput per device in FLOP/s, by (device-name substring, dtype). From the vendors'
 # data sheets, without sparsity. The first matching substring wins, so longer names come first.
@@ -168,6 +169,14 @@ class TrainerMetrics:
         self.reward_margin = gauge(
             "finetune_train_reward_margin", "dpo: mean reward of chosen minus rejected over the last logged pairs"
         )
+        # What the run trains with (acceleration: auto and kernels: auto settled), and why: 1 with those labels
+        self._values = values
+        self._choice = Gauge(
+            "finetune_train_choice_info",
+            "What the run trains with (acceleration, kernels) and why, once the model is loaded; always 1",
+            (*LABELS, "acceleration", "kernels", "reason"),
+            registry=r,
+        )
         nan_until_known = (
             self.loss,
             self.learning_rate,
@@ -182,6 +191,11 @@ class TrainerMetrics:
         )
         for unset in nan_until_known:
             unset.set(math.nan)  # NaN until known: a 0 would read as a perfect loss or a useless model
+
+    def set_choice(self, acceleration: str, kernels: str, reason: str) -> None:
+        """Export what the run trains with and why (the reason cut to CHOICE_REASON_CHARS)."""
+        self._choice.clear()
+        self._choice.labels(*self._values, acceleration, kernels, reason[:CHOICE_REASON_CHARS]).set(1)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
         """Start the HTTP endpoint; a port in use is logged, not fatal (metrics must never stop training)."""

@@ -718,6 +718,7 @@ def load_the_model(
     setup.kernels_why = f"requested {requested_kernels}" if requested_kernels != "auto" else choice.why
     if config.acceleration == "auto":
         setup.kind, setup.why = choice.acceleration, choice.why
+    setup.metrics.set_choice(setup.kind, setup.kernels, choice.why)
     rebuild = setup.kernels != "none"
     if setup.kind != setup.backend.name:
         setup.backend = accel.make_backend(setup.kind)
