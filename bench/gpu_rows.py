@@ -1,14 +1,17 @@
 """Run several FineTuneJob manifests as the GPU check's rows in one process that imports the training stack once.
 
-    python bench/gpu_rows.py --out DIR [--budget NAME=SECONDS ...] job-a.yaml job-b.yaml ...
+    python bench/gpu_rows.py --out DIR [--budget NAME=SECONDS ...] [--separate NAME ...] job-a.yaml job-b.yaml ...
 
 Each manifest becomes the config and environment ``finetune run-local`` would give its single node (the operator's
 own builders, through ``runlocal.local_plan``); a child forked from this process (the stack already imported, as the
 trainer's agent forks its workers) runs the launcher's checks and then the worker, as a one-process torchrun world
 would. What a row costs is then its data, model and training, not the 15-20 s of imports every ``run-local`` pays
-again, so the rows fit the time a GPU machine is lent for. Were CUDA initialised here by an import (bitsandbytes may
-query the device), a forked child could not use it: every row then runs through ``finetune run-local`` instead, and
-the output says so.
+again, so the rows fit the time a GPU machine is lent for.
+
+bitsandbytes is kept out of this process (peft and transformers then see it as not installed): importing it may
+initialise CUDA, and a forked child could not use the device. No row but QLoRA needs it; a QLoRA row, and any other
+``--separate`` row, runs through ``finetune run-local`` in a process of its own. Were CUDA initialised here anyway,
+every row runs that way, and the output says so.
 
 A row prints one line as soon as it ends: steps, loss, tokens/s, MFU, peak GPU memory, start-up, what ``auto``
 picked and why, and whether it stayed inside its budget (seconds, from the figures the rows were sized by). A job a
@@ -18,8 +21,10 @@ CPU must refuse (QLoRA, Liger) is a row too: it must exit 78 there. Exit status:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,10 +56,10 @@ def row_env(manifest: Path, workdir: Path) -> tuple[Path, dict[str, str]]:
     cfg_file = workdir / "config-node0.json"
     cfg_file.write_text(json.dumps(cfg, indent=2))
     env.pop("FINETUNE_CONFIG_SHA256", None)  # the file is written here, not by the operator
+    env.pop("HF_HOME", None)  # huggingface_hub read it as this process imported it (main sets it first)
     env.update(
         FINETUNE_CONFIG=str(cfg_file),
         FINETUNE_TERMINATION_LOG=str(workdir / "termination-node0.json"),
-        HF_HOME=str(workdir / "hf-home"),
         RANK="0",
         LOCAL_RANK="0",
         GROUP_RANK="0",
@@ -99,14 +104,34 @@ def run_forked(env: dict[str, str], log_path: Path) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    CHILDREN.append(pid)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        CHILDREN.remove(pid)
     return os.waitstatus_to_exitcode(status)
+
+
+CHILDREN: list[int] = []  # the row running now: a SIGTERM to this process stops it first (it holds the GPU)
+
+
+def _stop_children(signum: int, frame: Any) -> None:
+    for pid in CHILDREN:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    raise SystemExit(128 + signum)
 
 
 def run_local(manifest: Path, workdir: Path, log_path: Path) -> int:
     with open(log_path, "wb") as log:
         cmd = [sys.executable, "-m", "finetune_operator.cli", "run-local", str(manifest), "--workdir", str(workdir)]
-        return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        env = {k: v for k, v in os.environ.items() if k != "HF_HOME"}  # run-local gives each node its own
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        CHILDREN.append(proc.pid)
+        try:
+            return proc.wait()
+        finally:
+            CHILDREN.remove(proc.pid)
 
 
 def summary(name: str, code: int, workdir: Path, *, device: str, seconds: float, budget: float | None) -> str:
@@ -115,10 +140,17 @@ def summary(name: str, code: int, workdir: Path, *, device: str, seconds: float,
     if budget and seconds > budget:
         over += " (OVER BUDGET)"
     if device != "cuda" and name.startswith(GPU_ONLY):
-        return f"{name}: exit {code} on CPU (expected 78: refused before training){over}"
+        log = (workdir.parent / f"row-{name}.log").read_text(errors="replace")
+        field = next(
+            (f for f in ("training.kernels", "training.lora.quantization") if f"ConfigError: {f}" in log), None
+        )
+        return f"{name}: exit {code} on CPU, refused by the trainer naming {field} (expected 78){over}"
     if code != 0:
         return f"{name}: FAILED with exit {code}{over}"
-    r: dict[str, Any] = json.loads(next(workdir.rglob("result.json")).read_text())
+    found = next(workdir.rglob("result.json"), None)
+    if found is None:
+        return f"{name}: FAILED: exit 0 but no result.json under {workdir}{over}"
+    r: dict[str, Any] = json.loads(found.read_text())
     ckpts = sorted(workdir.rglob("checkpoint-*"))
     sharded = bool(ckpts) and (ckpts[-1] / "pytorch_model_fsdp_0").is_dir()
     adapter = (r.get("model") or {}).get("adapter") or {}
@@ -142,10 +174,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budget", action="append", default=[], help="NAME=SECONDS, the row's budget")
+    parser.add_argument("--separate", action="append", default=[], help="NAME: a row run by finetune run-local")
     args = parser.parse_args()
     budgets = {k: float(v) for k, v in (b.split("=", 1) for b in args.budget)}
     started = time.time()
+    signal.signal(signal.SIGTERM, _stop_children)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # availability checks without initialising CUDA
+    os.environ["HF_HOME"] = str((args.out / "hf-home").resolve())  # before huggingface_hub reads it
+    sys.modules["bitsandbytes"] = None  # type: ignore[assignment]  # not installed, to peft and transformers
     import torch
     from finetune_operator.spec import SpecError
     from finetune_trainer import worker  # noqa: F401 - the whole training stack, once, before the first fork
@@ -162,7 +198,7 @@ def main() -> int:
         workdir = args.out / f"out-{name}"
         log_path = args.out / f"row-{name}.log"
         t0 = time.time()
-        if forked:
+        if forked and name not in args.separate:
             try:
                 _, env = row_env(manifest, workdir)
             except SpecError as e:  # refused before any process, as the operator and run-local refuse it
@@ -174,7 +210,7 @@ def main() -> int:
             code = run_local(manifest, workdir, log_path)
         line = summary(name, code, workdir, device=args.device, seconds=time.time() - t0, budget=budgets.get(name))
         print(line, flush=True)
-        refused_as_expected = args.device != "cuda" and name.startswith(GPU_ONLY) and code == 78
+        refused_as_expected = args.device != "cuda" and name.startswith(GPU_ONLY) and code == 78 and "None" not in line
         if "FAILED" in line or (args.device != "cuda" and name.startswith(GPU_ONLY) and not refused_as_expected):
             failed += 1
             print(f"{name}: see {log_path}", flush=True)

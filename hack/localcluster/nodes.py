@@ -867,6 +867,14 @@ def _unmount_below(*roots: Path) -> None:
             subprocess.run(["umount", "-l", m], capture_output=True)
 
 
+def _read_or_empty(path: Path) -> str:
+    """A cgroup file's text, or "" when its cgroup went away between listing and reading (its last process ended)."""
+    try:
+        return path.read_text()
+    except OSError:  # FileNotFoundError, or ENODEV from a cgroup being removed
+        return ""
+
+
 def _kill_node_cgroups(timeout: float = 10.0) -> None:
     """SIGKILL what is left in the nodes' cgroups: a pod's processes outlive a shim killed before it stopped them.
     Membership of a node's cgroup is what makes them the nodes' (no pid is taken on trust)."""
@@ -877,7 +885,7 @@ def _kill_node_cgroups(timeout: float = 10.0) -> None:
             for hierarchy in CGROUP_ROOT.iterdir()
             if hierarchy.is_dir()
             for procs in hierarchy.glob("ftn-node-*/**/cgroup.procs")
-            for pid in procs.read_text().split()
+            for pid in _read_or_empty(procs).split()
         }
         if not pids or time.monotonic() > deadline:
             return

@@ -110,9 +110,9 @@ def startup_line(progress: dict[str, Any]) -> str:
 def choice_line(progress: dict[str, Any]) -> str:
     """What the current attempt trains with and why: "compile, kernels liger: auto: ..." ("" before the trainer
     said)."""
-    if not progress.get("acceleration"):
+    if not (progress.get("acceleration") or progress.get("kernels")):
         return ""
-    line = f"{progress['acceleration']}, kernels {progress.get('kernels') or 'none'}"
+    line = f"{progress.get('acceleration') or 'acceleration unknown'}, kernels {progress.get('kernels') or 'unknown'}"
     return line + (f" ({progress['accelerationReason']})" if progress.get("accelerationReason") else "")
 
 

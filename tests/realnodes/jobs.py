@@ -92,11 +92,18 @@ def wait_terminal(rc: RealCluster, namespace: str, name: str, timeout: float = T
     return dict(wait_for(done, timeout=timeout, what=f"{name} to finish", interval=2))
 
 
-def training(rc: RealCluster, namespace: str, name: str, attempt: int, past_step: int) -> dict[str, Any] | None:
-    """The status once ``attempt`` runs and its rank 0 reports a step beyond ``past_step``."""
+def training(
+    rc: RealCluster, namespace: str, name: str, attempt: int, past_step: int, *, out: Path, round: int = 0
+) -> dict[str, Any] | None:
+    """The status once ``attempt`` (its ``round`` of restarts in place) trains: rank 0 has written the round's record
+    in ``out`` (it does as its training starts) and reports a step beyond ``past_step``. The record matters: the
+    status keeps the step the attempt or round before reached until the new one's first scrape, and that is past a
+    checkpoint of before already."""
     st = job_status(rc, namespace, name)
     step = (st.get("progress") or {}).get("step") or 0
-    return st if st.get("attempt") == attempt and st.get("state") == "Running" and step > past_step else None
+    record = out / "attempts" / (f"attempt-{attempt}" + (f".{round}" if round else "") + ".json")
+    running = st.get("attempt") == attempt and st.get("state") == "Running"
+    return st if running and record.exists() and step > past_step else None
 
 
 def signal_worker(rc: RealCluster, namespace: str, pod: str, signame: str) -> str:

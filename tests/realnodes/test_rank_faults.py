@@ -16,6 +16,7 @@ import json
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,7 +52,9 @@ def _pct(values: list[float]) -> dict[str, float]:
     }
 
 
-def _recover_in_place(rc: RealCluster, ns: str, job: str, restarts: int, t0: float) -> tuple[float, float, int, dict]:
+def _recover_in_place(
+    rc: RealCluster, ns: str, job: str, restarts: int, t0: float, *, out: Path
+) -> tuple[float, float, int, dict]:
     """Seconds from ``t0`` until the operator counted the restart the trainer made in place (``restarts`` in all)
     and until the round trains past the newest checkpoint the operator knew of then (the one it resumed from, or a
     newer one); that checkpoint's step; the status then."""
@@ -64,8 +67,9 @@ def _recover_in_place(rc: RealCluster, ns: str, job: str, restarts: int, t0: flo
     detect = time.monotonic() - t0
     attempt = int(counted.get("attempt") or 0)
     resume = int((counted.get("progress") or {}).get("lastCheckpointStep") or 0)
+    round_ = int((counted.get("progress") or {}).get("restartsInPlace") or 0)  # this attempt's, counted so far
     st = wait_for(
-        lambda: training(rc, ns, job, attempt, resume),
+        lambda: training(rc, ns, job, attempt, resume, out=out, round=round_),
         timeout=TIMEOUT,
         what=f"the round of attempt {attempt} training",
         interval=0.25,
@@ -100,7 +104,7 @@ def test_rank_sigkill_at_random_steps(
         for kill in range(KILLS):
             target = resume + rng.randint(1, INTERVAL + 5)  # a random step of this round, before or after a save
             wait_for(
-                lambda t=target: training(rc, namespace, "kills", 0, t),
+                lambda t=target, k=kill: training(rc, namespace, "kills", 0, t, out=out, round=k),
                 timeout=TIMEOUT,
                 what=f"round {kill} past step {target}",
                 interval=0.25,
@@ -109,7 +113,7 @@ def test_rank_sigkill_at_random_steps(
             lost_before = (job_status(rc, namespace, "kills").get("progress") or {}).get("stepsLostToRestarts") or 0
             t0 = time.monotonic()
             signal_worker(rc, namespace, f"kills-node-{rank}", "SIGKILL")
-            d, r, resume, st = _recover_in_place(rc, namespace, "kills", kill + 1, t0)
+            d, r, resume, st = _recover_in_place(rc, namespace, "kills", kill + 1, t0, out=out)
             detect.append(d)
             recover.append(r)
             lost.append(((st.get("progress") or {}).get("stepsLostToRestarts") or 0) - lost_before)
@@ -179,14 +183,14 @@ def test_frozen_rank_and_partitioned_nodes(
     figures: dict[str, Any] = {}
     try:
         wait_for(
-            lambda: training(rc, namespace, "frozen", 0, INTERVAL),
+            lambda: training(rc, namespace, "frozen", 0, INTERVAL, out=out),
             timeout=TIMEOUT,
             what="attempt 0 training",
             interval=0.25,
         )
         t0 = time.monotonic()
         signal_worker(rc, namespace, "frozen-node-1", "SIGSTOP")
-        d, r, _, st = _recover_in_place(rc, namespace, "frozen", 1, t0)
+        d, r, _, st = _recover_in_place(rc, namespace, "frozen", 1, t0, out=out)
         assert (st["attempt"], st.get("restartsInPlace")) == (0, 1), st
         figures["frozen"] = {
             "time_to_detect_s": round(d, 2),
@@ -205,7 +209,7 @@ def test_frozen_rank_and_partitioned_nodes(
         d = time.monotonic() - t0
         resume = int((restarted.get("progress") or {}).get("step") or 0)
         st = wait_for(
-            lambda: training(rc, namespace, "frozen", 1, resume),
+            lambda: training(rc, namespace, "frozen", 1, resume, out=out),
             timeout=TIMEOUT,
             what="attempt 1 training",
             interval=0.5,

@@ -11,13 +11,13 @@ or task with no row trains eager with the model's own kernels.
 
 - CPU: no row. Neither ONNX Runtime (0.93-1.08x eager) nor torch.compile (0.77-1.24x, plus 17-53 s of warm-up) is
   a safe gain on CPUs.
-- CUDA, causal LM (SFT, full or LoRA): compile 1.48x after 39.7 s of warm-up, Liger's kernels 1.34x with no
-  separate warm-up (an H200, a 0.82 B Llama-architecture decoder, 512-token rows, bf16, 2026-12-04). So Liger's
-  kernels up to about 9.5 minutes of eager training, compile above it.
+- CUDA, causal LM (SFT, every weight trained): compile 1.48x after 39.7 s of warm-up, Liger's kernels 1.34x with no
+  separate warm-up (an H200, a 0.82 B Llama-architecture decoder, 512-token rows, bf16, 2026-12-04; each against the
+  eager run of its own harness). So Liger's kernels up to about 9.4 minutes of eager training, compile above it.
 - CUDA, sequence classification: compile 1.05x after 21 s (BERT-base, the smallest gain measured).
 - Compile pads every batch to ``maxSeqLength`` (one graph): it is set aside when the rows fill less than
   :data:`COMPILE_MIN_FILL` (95 %) of it, where the padding could cost more than the smallest measured gain.
-- DPO and QLoRA: not measured; eager with the model's own kernels.
+- LoRA, QLoRA and DPO: not measured; eager with the model's own kernels.
 
 :envvar:`FINETUNE_AUTO_TABLE` replaces rows for hardware a platform team measured itself.
 
@@ -57,7 +57,7 @@ class Option:
     speedup: float = 1.0
     warmup_seconds: float = 0.0
     min_fill: float = 0.0  # batches padded to maxSeqLength: the rows must fill at least this much of it
-    bases: tuple[str, ...] = ("full", "lora")
+    bases: tuple[str, ...] = ("full",)  # what it was measured with: every weight trained, a LoRA, a QLoRA
     measured: str = ""
 
     @property
@@ -86,6 +86,11 @@ class TaskRow:
 
 
 H200_DECODER = "an H200, a 0.82 B Llama-architecture decoder, 512-token rows, batch 16, bf16, 2026-12-04"
+# the two decoder figures come from two harnesses, each against its own eager run: Liger's from finetune run-local
+# (68,995 -> 92,663 tokens/s), compile's from bench/trainer_throughput.py (55,766 -> 82,508); the GPU check now
+# measures both, and the pair, in one harness
+DECODER_LIGER = H200_DECODER + ", finetune run-local"
+DECODER_COMPILE = H200_DECODER + ", bench/trainer_throughput.py"
 H200_BERT = "an H200, BERT-base, 128-token rows, batch 64, bf16, 2026-11-30 (the smallest gain of three settings)"
 # hardware class -> task (or "*" for every task without its own row) -> row; docs/benchmarks.md has the figures.
 AUTO_TABLE: dict[str, dict[str, TaskRow]] = {
@@ -93,8 +98,10 @@ AUTO_TABLE: dict[str, dict[str, TaskRow]] = {
     "cuda": {
         "causal-lm": TaskRow(
             options=(
-                Option("compile", speedup=1.48, warmup_seconds=39.7, min_fill=COMPILE_MIN_FILL, measured=H200_DECODER),
-                Option("none", "liger", speedup=1.34, measured=H200_DECODER),
+                Option(
+                    "compile", speedup=1.48, warmup_seconds=39.7, min_fill=COMPILE_MIN_FILL, measured=DECODER_COMPILE
+                ),
+                Option("none", "liger", speedup=1.34, measured=DECODER_LIGER),
             ),
             eager_mfu=0.30,
         ),
@@ -115,7 +122,7 @@ class Workload:
     params: int
     total_steps: int
     tokens_per_step: int  # per-device rows per step x maxSeqLength: what one device's compiled (padded) step processes
-    fill: float  # mean row length / maxSeqLength, in (0, 1]
+    fill: float | None  # mean row length / maxSeqLength, in (0, 1]; None: not known (TRL pads DPO's pairs itself)
 
     @property
     def flops(self) -> float:
@@ -127,10 +134,10 @@ def _option(hardware: str, raw: dict[str, Any]) -> Option:
         raise ValueError(f"{hardware}: acceleration must be 'none' or 'compile'")
     if raw.get("kernels", "none") not in ("none", "liger"):
         raise ValueError(f"{hardware}: kernels must be 'none' or 'liger'")
-    bases = tuple(raw.get("bases", ("full", "lora")))
+    bases = tuple(raw.get("bases", ("full",)))
     if not set(bases) <= set(BASES):
         raise ValueError(f"{hardware}: bases must be among {', '.join(BASES)}")
-    return Option(
+    option = Option(
         raw.get("acceleration", "none"),
         raw.get("kernels", "none"),
         float(raw.get("speedup", 1.0)),
@@ -139,6 +146,27 @@ def _option(hardware: str, raw: dict[str, Any]) -> Option:
         bases,
         str(raw.get("measured", f"{AUTO_TABLE_ENV}")),
     )
+    if not (math.isfinite(option.speedup) and option.speedup > 0):
+        raise ValueError(f"{hardware}: speedup must be a number above 0")
+    if not (math.isfinite(option.warmup_seconds) and option.warmup_seconds >= 0):
+        raise ValueError(f"{hardware}: warmupSeconds must be a number of at least 0")
+    if not 0 <= option.min_fill <= 1:
+        raise ValueError(f"{hardware}: minFill must lie in [0, 1]")
+    return option
+
+
+def _row(hardware: str, raw: dict[str, Any]) -> TaskRow:
+    row = TaskRow(
+        tuple(_option(hardware, o) for o in raw.get("options", ())),
+        float(raw.get("eagerMfu", 0.0)),
+        float(raw.get("eagerFlopsPerSecond", 0.0)),
+    )
+    rate_known = (0 < row.eager_mfu <= 1) or (math.isfinite(row.eager_flops) and row.eager_flops > 0)
+    if any(o.warmup_seconds for o in row.options) and not rate_known:
+        raise ValueError(
+            f"{hardware}: an option with warmupSeconds needs eagerMfu (0-1] or eagerFlopsPerSecond to weigh it against"
+        )
+    return row
 
 
 def auto_table() -> dict[str, dict[str, TaskRow]]:
@@ -150,14 +178,7 @@ def auto_table() -> dict[str, dict[str, TaskRow]]:
     try:
         table = dict(AUTO_TABLE)
         for hardware, tasks in json.loads(raw).items():
-            table[hardware] = {
-                task: TaskRow(
-                    tuple(_option(hardware, o) for o in row.get("options", ())),
-                    float(row.get("eagerMfu", 0.0)),
-                    float(row.get("eagerFlopsPerSecond", 0.0)),
-                )
-                for task, row in tasks.items()
-            }
+            table[hardware] = {task: _row(hardware, row) for task, row in tasks.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ConfigError(
             "env." + AUTO_TABLE_ENV,
@@ -176,6 +197,24 @@ def weighs_workload(hardware: str, task: str) -> bool:
     """Whether ``auto`` for this task on this hardware depends on the workload (so the trainer must estimate it)."""
     row = task_row(hardware, task)
     return row is not None and any(o.warmup_seconds or o.min_fill for o in row.options)
+
+
+def _fitting(acceleration: str, kernels: str, row: TaskRow | None) -> list[Option]:
+    """Eager and the row's options that match what was requested (``auto`` matches any value)."""
+    return [
+        o
+        for o in (EAGER, *(row.options if row else ()))
+        if acceleration in ("auto", o.acceleration) and kernels in ("auto", o.kernels)
+    ]
+
+
+def liger_considered(acceleration: str, kernels: str, hardware: str, task: str, *, base: str = "full") -> bool:
+    """Whether Liger's kernels are requested, or an option ``auto`` may pick: only then is the package asked
+    whether it can run here (importing it costs Triton and its model patches)."""
+    if kernels != "auto":
+        return kernels == "liger"
+    fitting = _fitting(acceleration, kernels, task_row(hardware, task))
+    return any(o.kernels == "liger" and base in o.bases for o in fitting)
 
 
 def hardware_class(cuda_available: bool | None = None) -> str:
@@ -219,21 +258,20 @@ def choose(
         return Choice(acceleration, kernels, f"requested acceleration {acceleration}, kernels {kernels}")
     where = f"{task} on {hardware}"
     row = task_row(hardware, task)
-    fitting = [
-        o
-        for o in (EAGER, *(row.options if row else ()))
-        if acceleration in ("auto", o.acceleration) and kernels in ("auto", o.kernels)
-    ]
     aside: list[str] = []
     usable: list[Option] = []
-    for o in fitting:
+    fill = workload.fill if workload is not None else None
+    for o in _fitting(acceleration, kernels, row):
+        chosen_by_auto = acceleration == "auto" and o.acceleration != "none"
         if base not in o.bases:
             aside.append(f"{o.label}: not measured with {base}")
         elif o.kernels == "liger" and kernels == "auto" and liger_blocked:
             aside.append(f"{o.label}: {liger_blocked}")
-        elif o.min_fill and acceleration == "auto" and workload is not None and workload.fill < o.min_fill:
-            aside.append(f"{o.label}: rows fill {workload.fill:.0%} of maxSeqLength < {o.min_fill:.0%}")
-        elif o.warmup_seconds and acceleration == "auto" and workload is None:
+        elif o.min_fill and chosen_by_auto and workload is not None and fill is None:
+            aside.append(f"{o.label}: how full the padded rows are is not known for {task}")
+        elif o.min_fill and chosen_by_auto and fill is not None and fill < o.min_fill:
+            aside.append(f"{o.label}: rows fill {fill:.0%} of maxSeqLength < {o.min_fill:.0%}")
+        elif o.warmup_seconds and chosen_by_auto and workload is None:
             aside.append(f"{o.label}: its warm-up is weighed once the workload is known")
         else:
             usable.append(o)
@@ -249,16 +287,16 @@ def choose(
         return (eager_s / o.speedup + o.warmup_seconds) if eager_s is not None else 1.0 / o.speedup
 
     best = min(usable, key=cost)
+    measured = f"; {best.measured}" if best.measured else ""
     if len(usable) == 1 and best is EAGER:
         head = f"auto: no option faster than eager measured for {where}"
     elif eager_s is None:
-        head = f"auto: {best.label} ({best.speedup:.2f}x eager, no warm-up; {best.measured})"
+        warmup = f" after {best.warmup_seconds:.3g} s of warm-up" if best.warmup_seconds else ""
+        head = f"auto: {best.label} ({best.speedup:.3g}x eager{warmup}{measured})"
     else:
         others = ", ".join(f"{o.label} {cost(o):.3g} s" for o in usable if o is not best)
-        head = (
-            f"auto: {best.label}, estimated {cost(best):.3g} s for {workload.flops if workload else 0:.2g} FLOPs "
-            f"against {others}" + (f" ({best.measured})" if best.measured else "")
-        )
+        head = f"auto: {best.label}, estimated {cost(best):.3g} s for {workload.flops if workload else 0:.2g} FLOPs"
+        head += (f" against {others}" if others else "") + (f" ({best.measured})" if best.measured else "")
     return Choice(
         best.acceleration if acceleration == "auto" else settled_a,
         best.kernels if kernels == "auto" else settled_k,

@@ -63,6 +63,7 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
 
     data.validate_local_dataset(config)
 
+    accel.auto_table()  # a malformed FINETUNE_AUTO_TABLE fails here, naming it, before any worker starts
     kind = accel.resolve_acceleration(config.acceleration)
     accel.check_available(kind, nproc_per_node=run.nproc_per_node, cuda_available=cuda_available)
     if config.training.kernels == "liger" and not cuda_available:  # refused before torchrun (the model type waits)

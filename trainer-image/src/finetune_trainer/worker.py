@@ -208,10 +208,12 @@ def load_model(
     auto = _auto_classes(config.task)
     transformers.set_seed(config.training.seed)  # identical random init on every rank
     if m.init_from_config:
-        # A LoRA base is frozen: on a GPU it is built in the run's half precision, as a half-precision checkpoint
-        # loads (an 8 B base takes 16 GB instead of 32); fully trained weights stay fp32 under mixed precision.
+        # A language model's LoRA base is frozen: on a GPU it is built in the run's half precision, as a
+        # half-precision checkpoint loads (an 8 B base takes 16 GB instead of 32); trained weights (every weight, or
+        # a classifier head beside a LoRA) stay fp32 under mixed precision.
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision) if device else None
-        dtype = {"dtype": half} if half is not None and config.training.lora is not None else {}
+        lm_lora = config.training.lora is not None and config.task in ("causal-lm", "dpo")  # no trained head
+        dtype = {"dtype": half} if half is not None and lm_lora and backend.name != "ort" else {}
         with torch.device(device) if device else contextlib.nullcontext():
             model = auto.from_config(model_config, **common, **attn, **dtype)
     else:
@@ -247,7 +249,13 @@ def params_checksum(model: Any) -> str:
 
 
 def workload(
-    config: Config, ident: Identity, *, params: int, train_rows: int, mean_row_tokens: float, done_steps: int = 0
+    config: Config,
+    ident: Identity,
+    *,
+    params: int,
+    train_rows: int,
+    mean_row_tokens: float | None,
+    done_steps: int = 0,
 ) -> accel.Workload:
     """The run as ``acceleration: auto`` weighs it, per device (every GPU compiles on its own, so what repays the
     warm-up is the work of one): optimizer steps still to run (after a resumed checkpoint's ``done_steps``) x
@@ -262,7 +270,11 @@ def workload(
         params=params,
         total_steps=max(0, steps - done_steps),
         tokens_per_step=device_rows_per_step * t.max_seq_length,
-        fill=min(1.0, mean_row_tokens / t.max_seq_length) if t.max_seq_length else 1.0,
+        fill=None
+        if mean_row_tokens is None
+        else min(1.0, mean_row_tokens / t.max_seq_length)
+        if t.max_seq_length
+        else 1.0,
     )
 
 
@@ -688,20 +700,21 @@ def load_the_model(
     setup.phases["model_seconds"] = time.time() - launch_time - sum(setup.phases.values())
     setup.metrics.startup_model.set(setup.phases["model_seconds"])
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    requested_kernels = config.training.kernels
+    requested_kernels, base = config.training.kernels, adapters.base_kind(config)
     blocked = None
-    if requested_kernels != "none":
+    if accel.liger_considered(config.acceleration, requested_kernels, setup.hardware, config.task, base=base):
         blocked = accel.liger_unavailable(setup.hardware, model_type, task=config.task)
         if requested_kernels == "liger" and blocked is not None:
             raise ConfigError("training.kernels", blocked[1])
     load = None
     if config.acceleration == "auto" and accel.weighs_workload(setup.hardware, config.task):
+        row_tokens = config.training.max_seq_length if config.training.packing else ds.mean_train_tokens
         load = workload(
             config,
             ident,
             params=params,
             train_rows=len(ds.train),
-            mean_row_tokens=config.training.max_seq_length if config.training.packing else ds.mean_train_tokens,
+            mean_row_tokens=None if ds.preference is not None else row_tokens,  # TRL pads DPO's pairs itself
             done_steps=setup.resume.step if setup.resume else 0,
         )
     choice = accel.choose(
@@ -709,7 +722,7 @@ def load_the_model(
         requested_kernels,
         setup.hardware,
         config.task,
-        base=adapters.base_kind(config),
+        base=base,
         workload=load,
         liger_blocked=blocked[0] if blocked else None,
         peak_flops=device_peak_flops(ident, setup),
