@@ -57,7 +57,9 @@ GPU_VISIBILITY_ENV = frozenset(
 # Env that loads code from outside the image (the dynamic linker, Python, CUDA and NCCL plugins, PATH for the
 # trainer's own command), or points a cache whose contents run as code at a tenant's volume (NCCL's config file, which
 # may name a plugin; Python's bytecode cache; Triton's compiled launchers, under $HOME/.triton unless set; Inductor's
-# generated code; torch's built extensions and hub code); refused where the platform restricts images (guardrails).
+# generated code; torch's built extensions and hub code), or names a binary or library the stack runs (Triton's ptxas,
+# cuobjdump, nvdisasm and libcuda; the CUDA driver's JIT cache of compiled kernels); refused where the platform
+# restricts images (guardrails).
 CODE_LOADING_ENV = frozenset(
     {
         "PATH",
@@ -82,6 +84,12 @@ CODE_LOADING_ENV = frozenset(
         "TORCHINDUCTOR_CACHE_DIR",
         "TORCH_EXTENSIONS_DIR",
         "TORCH_HOME",
+        "TRITON_PTXAS_PATH",
+        "TRITON_PTXAS_BLACKWELL_PATH",
+        "TRITON_CUOBJDUMP_PATH",
+        "TRITON_NVDISASM_PATH",
+        "TRITON_LIBCUDA_PATH",
+        "CUDA_CACHE_PATH",
     }
 )
 KUEUE_PREFIX = "kueue.x-k8s.io/"

@@ -114,7 +114,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "commonAnnotations": {"example.com/owner": "platform-team"},
         "podDisruptionBudget": {"enabled": True},
         "openshift": {"enabled": True},
-        "rbac": {"admissionPolicy": {"enabled": True}},
+        "rbac": {"admissionPolicy": {"enabled": True}, "tenantGuard": {"enabled": True}},
         "trainer": {
             "nodeSelector": {"pool": "gpu"},
             "priorityClassName": "training",

@@ -374,6 +374,42 @@ def _prove_reconcile(cluster: Any, op: Operator, ns: str) -> None:
     )
 
 
+def _assert_job_objects_guarded(cluster: Any, op: Operator, ns: str, tenant: str) -> None:
+    """rbac.tenantGuard: a tenant bound to the built-in ``edit`` role, which RBAC lets update and delete every
+    ConfigMap and NetworkPolicy of the namespace, may neither rewrite a job's trainer config nor delete its
+    NetworkPolicy (the instance-metadata deny and the rendezvous store's isolation); the operator (as its
+    ServiceAccount) wrote both through the same policy, and deleting the job still removes them (the garbage
+    collector passes)."""
+    job = {**SMOKE_JOB, "metadata": {"name": "guarded"}}
+    cluster.run_kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
+
+    def has(kind: str, name: str) -> bool:
+        return bool(cluster.run_kubectl("get", kind, name, "-n", ns, "--ignore-not-found", "-o", "name").strip())
+
+    wait_for(
+        lambda: op.alive() and has("configmap", "guarded-config") and has("networkpolicy", "guarded"),
+        timeout=90,
+        what="the guarded job's ConfigMap and NetworkPolicy, written by the operator",
+    )
+    as_tenant = (f"--as={tenant}", "-n", ns)
+    assert cluster.run_kubectl(*as_tenant, "auth", "can-i", "delete", "networkpolicies").strip() == "yes"
+    denied = "belongs to FineTuneJob guarded: only the finetune-operator changes or removes it"
+    for attempt in (
+        ("patch", "configmap", "guarded-config", "--type=merge", "-p", '{"data": {"config.json": "{}"}}'),
+        ("delete", "networkpolicy", "guarded"),
+        ("delete", "configmap", "guarded-config"),
+    ):
+        out = cluster.run_kubectl(*as_tenant, *attempt, check=False)
+        assert denied in out, (attempt, out)
+    assert has("networkpolicy", "guarded") and has("configmap", "guarded-config")
+    cluster.run_kubectl(*as_tenant, "delete", "ftj", "guarded")
+    wait_for(
+        lambda: not has("configmap", "guarded-config") and not has("networkpolicy", "guarded"),
+        timeout=90,
+        what="the garbage collector to remove the deleted job's ConfigMap and NetworkPolicy through the policy",
+    )
+
+
 def _assert_clean_log(op: Operator) -> None:
     bad = [line for line in op.text().splitlines() if FORBIDDEN.search(line)]
     assert not bad, "the operator hit RBAC denials:\n" + "\n".join(bad[:20])
@@ -545,7 +581,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
     name = f"fo-{uuid.uuid4().hex[:4]}"
     op = None
     try:
-        values: dict[str, Any] = {"rbac": {"admissionPolicy": {"enabled": True}}}
+        values: dict[str, Any] = {"rbac": {"admissionPolicy": {"enabled": True}, "tenantGuard": {"enabled": True}}}
         rel = Release(name, ns, values, _install(cluster, helm, name, values, ns=ns, tmp=tmp_path), [work, other], "")
         dump_on_failure["rel"] = rel
         assert cluster.run_kubectl("get", "clusterkopfpeering", "finetune-operator", "-o", "name").strip()
@@ -607,6 +643,7 @@ def test_cluster_scope_install_run_upgrade_uninstall(
                 timeout=60,
                 what=f"{user} ({role} in {work}): {rows}",
             )
+        _assert_job_objects_guarded(cluster, op, work, "alice")
         op.stop()
         _assert_clean_log(op)
 

@@ -81,6 +81,18 @@ CORPUS: list[tuple[str, str, Any, str]] = [
     ),
 ]
 
+# The platform's guardrails (Helm values the client cannot read, so `finetune validate` does not judge them): refused
+# by the operator at admission with its defaults, naming the field
+GUARDRAILS: list[tuple[str, str, Any, str]] = [
+    ("any-service-account", "podTemplate.serviceAccountName", "ci-deployer", "spec.podTemplate.serviceAccountName"),
+    (
+        "elastic-resize-storm",
+        "spec",
+        {"nodes": 2, "elastic": {"minNodes": 1, "resizeCooldownSeconds": 0, "unschedulableSeconds": 1}},
+        "spec.elastic.resizeCooldownSeconds",
+    ),
+]
+
 
 def _manifest(name: str, path: str, value: Any, namespace: str) -> dict[str, Any]:
     """The corpus entry's manifest: one field set (``path``), or several (``spec``: merged into the spec)."""
@@ -119,7 +131,10 @@ def test_every_hostile_spec_is_caught_before_any_pod_naming_its_field(
             assert e.status == 422 and field.split(".")[-1] in e.body, f"{name}: {e.status} {e.body}"
             message = json.loads(e.body)["message"]
             answers[name] = {"validate": validate[0], "server": "refused", "answer": message}
-    for name, _, _, field in CORPUS:
+    for name, path, value, _ in GUARDRAILS:
+        jobs.create(_manifest(name, path, value, namespace))
+        answers[name] = {"validate": "(the platform's guardrails: the operator's)", "server": "stored"}
+    for name, _, _, field in CORPUS + GUARDRAILS:
         if answers[name]["server"] != "stored":
             continue
         status = jobs.wait_state(name, "Failed", timeout=60)
@@ -127,7 +142,7 @@ def test_every_hostile_spec_is_caught_before_any_pod_naming_its_field(
         assert cond is not None and cond["status"] == "True", (name, status)
         assert field in cond["message"], f"{name}: the operator's condition does not name {field}: {cond['message']}"
         answers[name]["answer"] = cond["message"]
-    for name, *_ in CORPUS:
+    for name, *_ in CORPUS + GUARDRAILS:
         assert jobs.pods(name) == [], f"{name}: pods were created"
     for name, a in answers.items():
         print(f"| {name} | {a['server']} | {a['answer'][:160]} | {a['validate'][:160]} |")

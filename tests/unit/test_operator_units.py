@@ -1368,13 +1368,16 @@ def test_the_backstop_loop_never_waits_on_a_peering_read() -> None:
 @pytest.mark.parametrize(
     "name",
     ["NCCL_CONF_FILE", "HOME", "XDG_CACHE_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-     "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "PYTHONPYCACHEPREFIX"],
+     "TORCH_EXTENSIONS_DIR", "TORCH_HOME", "PYTHONPYCACHEPREFIX", "TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH",
+     "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH", "TRITON_LIBCUDA_PATH", "CUDA_CACHE_PATH"],
 )  # fmt: skip
 def test_env_that_points_code_caches_at_a_tenant_volume_is_refused_where_images_are_pinned(name: str) -> None:
     """NCCL reads its settings (a plugin among them) from NCCL_CONF_FILE; Triton loads compiled launchers from its
     cache ($HOME/.triton unless set), Inductor runs its cached generated code, torch loads built extensions and hub
-    code, and Python runs cached bytecode: each pointed at a volume the tenant writes runs the tenant's code in an
-    allowed image. Without pinned images the same env is the job's own business."""
+    code, Python runs cached bytecode, Triton runs the ptxas, cuobjdump and nvdisasm it is pointed at and loads the
+    libcuda named, and the CUDA driver loads JIT-compiled kernels from its cache: each pointed at a volume the tenant
+    writes runs the tenant's code in an allowed image. Without pinned images the same env is the job's own
+    business."""
     over = {
         "env": [{"name": name, "value": "/data/planted"}],
         "podTemplate": {"volumes": [{"name": "d", "mountPath": "/data", "emptyDir": {}}]},
