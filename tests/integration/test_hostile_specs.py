@@ -105,7 +105,9 @@ def _manifest(name: str, path: str, value: Any, namespace: str) -> dict[str, Any
 
 @pytest.fixture
 def operator(cluster, namespace) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
-    op = OperatorProcess(cluster.kubeconfig, namespace).start()
+    # the chart's elastic floors (the harness lowers them for the elastic tests' short timings)
+    floors = {"FINETUNE_ELASTIC_MIN_RESIZE_COOLDOWN_SECONDS": "60", "FINETUNE_ELASTIC_MIN_UNSCHEDULABLE_SECONDS": "30"}
+    op = OperatorProcess(cluster.kubeconfig, namespace, **floors).start()
     yield op
     op.stop()
 
