@@ -85,7 +85,7 @@ def check_claims(job: str, spec: JobSpec, claims: dict[str, dict[str, Any]]) -> 
 
 def _gpus_nodes(job: dict[str, Any]) -> tuple[int, int] | None:
     try:
-        spec = spec_of(job)
+        spec = spec_of(job, held=True)
     except (SpecError, KeyError, TypeError, ValueError):
         return None
     return spec.nodes, spec.nodes * spec.gpus_per_node

@@ -503,17 +503,21 @@ def record(eff: Effective, attempt: int) -> dict[str, Any]:
     return out
 
 
-def spec_of(wire: dict[str, Any]) -> JobSpec:
+def spec_of(wire: dict[str, Any], *, held: bool = False) -> JobSpec:
     """A FineTuneJob's spec as its current attempt runs it: merged with the runtime template it was admitted with
     (``status.runtime``, while that attempt is the current one and created); otherwise the job's own spec (an output
-    claim may still come from a runtime).
+    claim may still come from a runtime). ``held``: what the job holds for the namespace's usage, where a job that
+    is restarting still holds what its last attempt was admitted with (its pods may still be terminating) until the
+    next attempt is admitted, whatever its spec says by then.
     Raises :class:`SpecError`."""
     raw, status = wire.get("spec") or {}, wire.get("status") or {}
     admitted = status.get("runtime")
+    restarting = held and status.get("state") == "Restarting"
     if not (
         isinstance(admitted, dict)
-        and admitted.get("attempt") == status.get("attempt", 0)
-        and bool(status.get("attemptStartTime"))
+        and (
+            restarting or (admitted.get("attempt") == status.get("attempt", 0) and bool(status.get("attemptStartTime")))
+        )
     ):  # not admitted yet, or between attempts: the next one reads its runtime again
         return parse_spec(raw, complete=False)
     merged = merge(raw, admitted.get("template") or {})[0]

@@ -586,6 +586,10 @@ def test_usage_and_gpu_seconds_count_what_the_attempt_was_admitted_with_not_an_e
     running_status = admitted.status.to_wire() | {"state": "Running"}
     edited = job(running_status, nodes=2, resources={"limits": {"cpu": "1"}})
     assert usage_of([edited], exclude_uid="another").gpus == 16  # not 0
+    # restarting: the attempt's start is cleared, its pods may still be terminating: still what it was admitted with
+    restarting = job(running_status | {"state": "Restarting", "attemptStartTime": None, "attempt": 1}, nodes=2,
+                     resources={"limits": {"cpu": "1"}})  # fmt: skip
+    assert usage_of([restarting], exclude_uid="another").gpus == 16  # not 0
     hour_later = admitted.status.attempt_start_time + timedelta(hours=1)
     done = decided(
         edited, [running(0, phase="Succeeded", code=0), running(1, phase="Succeeded", code=0)], now=hour_later
