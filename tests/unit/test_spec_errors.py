@@ -89,6 +89,11 @@ def test_normal_mounts_pass_and_the_image_pin_still_holds() -> None:
         ({"deepspeed": "/etc/passwd"}, "DeepSpeed is not installed in the default trainer image"),
         ({"report_to": ["wandb"]}, "wandb: the default trainer image"),
         ({"report_to": "mlflow"}, "mlflow: the default trainer image"),
+        ({"lr_scheduler_type": "cosine_annealing"}, "'cosine_annealing' is not a value the default trainer image"),
+        ({"optim": "adamw_fast"}, "'adamw_fast' is not a value the default trainer image (transformers 5.24.0)"),
+        ({"torch_compile_mode": "fastest"}, "one of: default, lite, max-autotune"),
+        ({"log_level": "loud"}, "'loud' is not a value"),
+        ({"hub_strategy": "every-save"}, "(did you mean every_save"),
     ],
     ids=[
         "unknown-name",
@@ -98,6 +103,11 @@ def test_normal_mounts_pass_and_the_image_pin_still_holds() -> None:
         "deepspeed",
         "report-to-list",
         "report-to-string",
+        "unknown-scheduler",
+        "unknown-optimizer",
+        "compile-mode",
+        "log-level",
+        "strategy-typo",
     ],
 )
 def test_extra_args_are_checked_against_the_image(extra, message) -> None:  # type: ignore[no-untyped-def]
