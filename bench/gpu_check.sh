@@ -48,7 +48,7 @@ if [[ $DEVICE == cuda ]]; then
   big_steps=20
   bert=(--hidden 768 --layers 12) bench_steps=(--steps 20 --warmup 3)
 else
-  hidden=128 layers=2 seq=64 batch=4 steps=40 row_steps=10 rows=200
+  hidden=128 layers=2 seq=64 batch=4 steps=300 row_steps=10 rows=200
   big=(--hidden 256 --layers 2 --heads 4 --kv-heads 2 --intermediate 512 --vocab 4096) big_seq=128 big_batch=2
   big_steps=4
   bert=(--hidden 64 --layers 2) bench_steps=(--steps 3 --warmup 1)
@@ -157,7 +157,7 @@ for _ in $(seq 1 600); do
      && awk -v s="$(value finetune_train_steps_total "$work/scrape.txt")" -v t="$steps" 'BEGIN {exit !(s >= t / 2)}'; then
     cp "$work/scrape.txt" "$work/scrape-mid.txt"; mid=yes; break
   fi
-  sleep 0.5
+  sleep 0.2
 done
 rc=0; wait "$runner" || rc=$?
 [[ $rc == 0 ]] || { tail -40 "$work/run-local.log"; log "run-local failed (exit $rc)"; exit 1; }
