@@ -1,5 +1,5 @@
 """`bench/gpu_check.sh` at toy sizes on the CPU (`GPU_CHECK_DEVICE=cpu`): the script a GPU machine runs, checked on
-every change so that the few minutes a GPU is lent for are never spent on a broken script.
+every change so that a run on a GPU is never spent on a broken script.
 
 Nothing is mocked: the same rows run as on a GPU (`finetune run-local` scraped mid-run, then the rows forked from
 one process by `bench/gpu_rows.py`, then the benches), at sizes a CPU trains in seconds; the rows a CPU cannot run
