@@ -39,9 +39,9 @@ GAUGES = {
     "finetune_train_reward_accuracy": "reward_accuracy",
     "finetune_train_reward_margin": "reward_margin",
 }
-# What the run trains with, from the labels of this always-1 series (the trainer's auto settled): label -> field
+# What the run trains with, from the labels of this always-1 series (the trainer's auto settled): the values each
+# label may hold (the fields of the same names), and the reason (acceleration_reason)
 CHOICE_INFO = "finetune_train_choice_info"
-CHOICE_LABELS = {"acceleration": "acceleration", "kernels": "kernels", "reason": "acceleration_reason"}
 CHOICE_VALUES = {"acceleration": ("none", "compile", "ort"), "kernels": ("none", "liger")}
 CHOICE_REASON_CHARS = 400
 # 0 until the trainer knows them: left out until then (restarts in place: 0 is the status's absent field)
@@ -91,7 +91,7 @@ def _ours(text: str) -> str:
 def _choice(labels: dict[str, str]) -> dict[str, str]:
     """What the run trains with: known values only, the reason as printable text of bounded length (a tenant's page
     can say anything)."""
-    out = {CHOICE_LABELS[k]: labels[k] for k, allowed in CHOICE_VALUES.items() if labels.get(k) in allowed}
+    out = {k: labels[k] for k, allowed in CHOICE_VALUES.items() if labels.get(k) in allowed}
     reason = "".join(c for c in labels.get("reason", "") if c.isprintable())[:CHOICE_REASON_CHARS]
     if reason and out:
         out["acceleration_reason"] = reason

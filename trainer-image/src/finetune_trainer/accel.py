@@ -297,11 +297,7 @@ def choose(
         others = ", ".join(f"{o.label} {cost(o):.3g} s" for o in usable if o is not best)
         head = f"auto: {best.label}, estimated {cost(best):.3g} s for {workload.flops if workload else 0:.2g} FLOPs"
         head += (f" against {others}" if others else "") + (f" ({best.measured})" if best.measured else "")
-    return Choice(
-        best.acceleration if acceleration == "auto" else settled_a,
-        best.kernels if kernels == "auto" else settled_k,
-        _reason(head, aside),
-    )
+    return Choice(best.acceleration, best.kernels, _reason(head, aside))  # _fitting kept what was requested
 
 
 def _reason(head: str, aside: list[str]) -> str:

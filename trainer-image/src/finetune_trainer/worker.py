@@ -562,7 +562,7 @@ class Setup:
     resume: Any  # the agreed checkpoint, or None
     resume_fallbacks: int
     phases: dict[str, float]  # start-up seconds by phase, for result.json
-    kernels: str = "none"  # settled once the model type is known (accel.explain_kernels)
+    kernels: str = "none"  # settled once the model type is known (accel.choose)
     kernels_why: str = "not settled yet"
 
 
