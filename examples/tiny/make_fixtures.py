@@ -13,6 +13,7 @@ Writes:
       "chosen": [assistant: the right answer], "rejected": [assistant: the wrong one]}
   preference-plain/train.jsonl, .../eval.jsonl  - the same pairs as plain strings (" positive": TRL appends each
       response to its prompt as text)
+  prompts/train.jsonl, .../eval.jsonl  - the same as GRPO prompts: {"prompt": [user], "answer": the right answer}
   llama-chat/  - a 2-layer Llama config (hidden 64, grouped-query attention) with gpt2-chat's tokenizer and template
 Models are built from config.json with `initFromConfig: true`: no weights are committed.
 """
@@ -61,7 +62,7 @@ def sentence(rng: random.Random, label: int) -> str:
 
 def write_data() -> None:
     rng = random.Random(1234)
-    for d in ("data", "chat", "prompt-completion", "preference", "preference-plain"):
+    for d in ("data", "chat", "prompt-completion", "preference", "preference-plain", "prompts"):
         os.makedirs(os.path.join(HERE, d), exist_ok=True)
     for split, n in (("train", TRAIN_ROWS), ("eval", EVAL_ROWS)):
         rows = [(sentence(rng, i % 2), i % 2) for i in range(n)]
@@ -85,6 +86,10 @@ def write_data() -> None:
             os.path.join(HERE, "preference-plain", f"{split}.jsonl"),
             # a completion that follows the prompt as text starts with its separator (TRL concatenates the two)
             [{"prompt": s, "chosen": " " + ANSWERS[y], "rejected": " " + ANSWERS[1 - y]} for s, y in rows],
+        )
+        _write_jsonl(
+            os.path.join(HERE, "prompts", f"{split}.jsonl"),
+            [{"prompt": [{"role": "user", "content": s}], "answer": ANSWERS[y]} for s, y in rows],
         )
 
 

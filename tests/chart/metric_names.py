@@ -56,6 +56,12 @@ TRAINER_GAUGES = {
     "finetune_eval_f1",
     "finetune_train_reward_accuracy",
     "finetune_train_reward_margin",
+    "finetune_train_reward_mean",
+    "finetune_train_reward_std",
+    "finetune_train_reward_function_mean",  # one series per reward function (TRAINER_REWARD_LABELS)
+    "finetune_train_completion_length_mean",
+    "finetune_train_kl",
+    "finetune_train_rollout_tokens_per_second",
     "finetune_rendezvous_duration_seconds",
     "finetune_startup_launcher_seconds",
     "finetune_startup_data_seconds",
@@ -66,6 +72,7 @@ TRAINER_GAUGES = {
 }
 TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}
 TRAINER_CHOICE_LABELS = {"acceleration", "kernels", "reason"}
+TRAINER_REWARD_LABELS = {"reward"}
 OPERATOR_LABELS = {"finetune_namespace", "state", "reason", "direction"}
 
 # Series from other exporters the bundle joins with (documented as optional dependencies).

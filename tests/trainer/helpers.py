@@ -240,6 +240,8 @@ def refused_rows(cfg: dict[str, Any]) -> Any:
         data.check_columns(config, list(raw.column_names))
         if config.task == "dpo":
             data.check_preference_rows(config, data.preference_dataset(config, raw), tokenizer, split)
+        elif config.task == "grpo":
+            data.check_prompt_rows(config, data.prompt_dataset(config, raw), tokenizer, split)
         else:
             data.check_sft_rows(config, data.sft_dataset(config, raw), tokenizer, split)
     return refused.value

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.helpers import TINY, Node, deep_merge, free_port, poll, read_json, refused_rows, tiny_config
-from tests.trainer.test_trainer_runs import RUN_TIMEOUT, complete_steps, losses
+from tests.trainer.helpers import TINY, Node, deep_merge, free_port, read_json, refused_rows, tiny_config
+from tests.trainer.test_trainer_runs import RUN_TIMEOUT, complete_steps, killed_after_a_checkpoint, losses
 
 pytestmark = pytest.mark.trainer
 
@@ -81,21 +81,15 @@ def test_dpo_on_two_nodes_prefers_the_chosen_answers_and_resumes_after_a_kill(tm
     was (no jump back to the start), and rank 0 ends with rewards of chosen above rejected."""
     out = tmp_path / "out"
     cfg = dpo_config(out, training={"maxSteps": 40})
-    first = run_gang(tmp_path, cfg)
-    poll(lambda: complete_steps(out), timeout=RUN_TIMEOUT, what="a complete checkpoint", on_fail=first[1].log)
-    for node in first:
-        node.kill()
-    done = complete_steps(out)
-    assert done and done[-1] < 40, f"the run finished before it could be killed: {done}"
-    state = json.loads((out / "checkpoints" / f"checkpoint-{done[-1]}" / "trainer_state.json").read_text())
-    before = [h["loss"] for h in state["log_history"] if "loss" in h]
+    done, logs = killed_after_a_checkpoint(run_gang(tmp_path, cfg), out, 40)
+    before = [h["loss"] for h in logs if "loss" in h]
 
     finish(run_gang(tmp_path, cfg, attempt=1))
     result = read_json(out / "result.json")
-    assert result["resumed_from_step"] == done[-1] and result["steps"] == 40
+    assert result["resumed_from_step"] == done and result["steps"] == 40
     assert result["world_size"] == 2 and result["dpo"]["pairs"] == "conversational"
     rewards_rise(result)
-    after = [loss for step, loss in result["loss_history"] if step > done[-1]]  # logged by the second attempt
+    after = [loss for step, loss in result["loss_history"] if step > done]  # logged by the second attempt
     assert after and after[0] < before[0], (before, after)  # resumed: the curve goes on, it does not start again
     ranks = [read_json(out / "ranks" / f"rank-{r}.json") for r in (0, 1)]
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # DDP kept both replicas equal

@@ -48,6 +48,17 @@ def complete_steps(output: Path) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in root.glob("checkpoint-*") if (p / "COMPLETE").exists())
 
 
+def killed_after_a_checkpoint(nodes: list[Node], output: Path, max_steps: int) -> tuple[int, list[dict]]:
+    """Kill the gang once a checkpoint is complete, before the run's end: the checkpoint's step and its log history."""
+    poll(lambda: complete_steps(output), timeout=RUN_TIMEOUT, what="a complete checkpoint", on_fail=nodes[-1].log)
+    for node in nodes:
+        node.kill()
+    done = complete_steps(output)
+    assert done and done[-1] < max_steps, f"the run finished before it could be killed: {done}"
+    state = json.loads((output / "checkpoints" / f"checkpoint-{done[-1]}" / "trainer_state.json").read_text())
+    return done[-1], state["log_history"]
+
+
 def losses(result: dict) -> list[float]:
     return [loss for _, loss in result["loss_history"]]
 

@@ -37,14 +37,18 @@ def test_operator_metrics_match_the_chart_list() -> None:
 def test_trainer_metrics_match_the_chart_list() -> None:
     from finetune_trainer.metrics import TrainerMetrics  # the trainer package is part of the test venv
 
-    m = TrainerMetrics(namespace="ns", job="j", node_rank=0)
+    m = TrainerMetrics(namespace="ns", job="j", node_rank=0, rollouts=True)  # every family: a GRPO run's page
     m.set_choice("none", "liger", "auto: liger")
+    m.set_reward_function("format", 0.5)
     fams = _families(m.registry)
     assert {n for n, (t, _) in fams.items() if t == "counter"} == names.TRAINER_COUNTERS
     assert {n for n, (t, _) in fams.items() if t == "gauge"} == names.TRAINER_GAUGES
     assert {n for n, (t, _) in fams.items() if t == "histogram"} == names.TRAINER_HISTOGRAMS
     for name, (_, labels) in fams.items():
-        extra = names.TRAINER_CHOICE_LABELS if name == "finetune_train_choice_info" else set()
+        extra = {
+            "finetune_train_choice_info": names.TRAINER_CHOICE_LABELS,
+            "finetune_train_reward_function_mean": names.TRAINER_REWARD_LABELS,
+        }.get(name, set())
         assert labels == names.TRAINER_LABELS | extra, name
 
 

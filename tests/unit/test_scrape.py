@@ -125,6 +125,15 @@ def test_the_real_trainer_page_is_far_below_the_cap() -> None:
     m.step_duration.observe(0.5)
     size = len(generate_latest(m.registry))
     assert size < MAX_METRICS_BYTES / 4, size
+    # a GRPO run's page: its series and the most reward functions a job may name (16), each with a 40-character name
+    m = TrainerMetrics(
+        namespace="a-long-namespace-name-of-a-team", job="a-job-name-that-is-long-too", node_rank=511, rollouts=True
+    )
+    m.step_duration.observe(0.5)
+    for i in range(16):
+        m.set_reward_function(f"a-reward-name-of-forty-characters-lon{i:03d}", 0.5)
+    size = len(generate_latest(m.registry))
+    assert size < MAX_METRICS_BYTES / 3, size
 
 
 def test_a_hostile_page_yields_only_values_the_status_can_hold() -> None:

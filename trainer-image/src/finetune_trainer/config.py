@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,15 +23,17 @@ from finetune_trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CONFIG_VERSION = "1.4"
+CONFIG_VERSION = "1.5"
 SUPPORTED_MAJOR = 1
-SUPPORTED_MINOR = 4
+SUPPORTED_MINOR = 5
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
 CONFIG_DIGEST_ENV = "FINETUNE_CONFIG_SHA256"  # the operator's digest of the file it wrote (immutable pod env)
 CONFIG_SETTLE_SECONDS = 120.0  # the launcher waits this long for the kubelet to bring a changed file up to date
 
-Task = Literal["sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo"]
-SUPPORTED_TASKS = ("sequence-classification", "causal-lm", "dpo")
+Task = Literal[
+    "sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo", "grpo"
+]
+SUPPORTED_TASKS = ("sequence-classification", "causal-lm", "dpo", "grpo")
 Acceleration = Literal["auto", "ort", "compile", "none"]
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
 FORMAT_BY_EXTENSION = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -72,11 +75,13 @@ class DatasetConfig:
     completion_field: str | None = None
     chosen_field: str | None = None  # preference data (dpo), with prompt_field and rejected_field
     rejected_field: str | None = None
+    prompts_only: bool = False  # grpo: prompts (with prompt_field), the model writes the completions
 
     @property
     def sft_format(self) -> str | None:
-        """'chat', 'prompt-completion', or None for plain text (and for preference data, which is not SFT)."""
-        if self.chosen_field:
+        """'chat', 'prompt-completion', or None for plain text (and for preference data and GRPO's prompts, which
+        are not SFT)."""
+        if self.chosen_field or self.prompts_only:
             return None
         if self.messages_field:
             return "chat"
@@ -135,6 +140,32 @@ class DpoConfig:
 
 
 @dataclass(frozen=True)
+class Reward:
+    """One of GRPO's reward functions (``finetune_trainer.rewards``): its kind, the name its metrics carry, its weight
+    in the sum, and the settings its kind reads."""
+
+    type: str  # exactMatch, numericMatch, regex, length, python
+    name: str
+    weight: float = 1.0
+    column: str | None = None  # exactMatch, numericMatch: the reference column
+    case_sensitive: bool = True  # exactMatch
+    tolerance: float = 1e-6  # numericMatch
+    pattern: str | None = None  # regex
+    max_tokens: int | None = None  # length
+    function: str | None = None  # python: "package.module:callable", in the image
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    num_generations: int = 4  # completions per prompt: the group each one's advantage is relative to
+    max_completion_length: int = 64
+    temperature: float = 1.0
+    loss_type: str = "dapo"
+    beta: float = 0.0  # KL to the reference model; 0: no reference model (TRL's default)
+    rewards: tuple[Reward, ...] = ()
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     epochs: float | None = None
     max_steps: int | None = None
@@ -155,6 +186,7 @@ class TrainingConfig:
     sharding: str = "none"  # "fsdp": fully sharded data parallel
     activation_checkpointing: bool = False
     dpo: DpoConfig = field(default_factory=DpoConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
     kernels: str = "auto"  # "liger": Liger's Triton kernels (CUDA only); "auto": where a measurement says so
     global_batch_size: int | None = None  # elastic: the global batch asked at full size (the accumulation is adapted)
 
@@ -285,8 +317,9 @@ def validate_schema(raw: dict[str, Any]) -> None:
 
 
 def model_head(task: str) -> str:
-    """The head a task trains, which decides the model class and the adapter's task type: dpo tunes a causal LM."""
-    return "causal-lm" if task == "dpo" else task
+    """The head a task trains, which decides the model class and the adapter's task type: dpo and grpo tune a causal
+    LM."""
+    return "causal-lm" if task in ("dpo", "grpo") else task
 
 
 def _check_preference_fields(d: dict[str, Any]) -> None:
@@ -301,6 +334,87 @@ def _check_preference_fields(d: dict[str, Any]) -> None:
     for key in ("promptField", "chosenField", "rejectedField"):
         if not d.get(key):
             raise ConfigError(f"dataset.{key}", f"task dpo needs a {key[:-5]} column; set spec.dataset.{key}")
+
+
+def _check_prompt_fields(d: dict[str, Any]) -> None:
+    """Task grpo reads prompts (and the columns its rewards name); the model writes the completions."""
+    for key in ("messagesField", "completionField"):
+        if d.get(key):
+            raise ConfigError(
+                f"dataset.{key}",
+                f"task grpo reads prompts (spec.dataset.promptField) and generates the completions; remove "
+                f"spec.dataset.{key}",
+            )
+
+
+def _grpo(g: dict[str, Any]) -> GrpoConfig:
+    rewards = []
+    for i, r in enumerate(g.get("rewards") or ()):
+        kind = r["type"]
+        rewards.append(
+            Reward(
+                type=kind,
+                name=r.get("name") or f"{kind}-{i}",
+                weight=float(r.get("weight", 1.0)),
+                column=r.get("column"),
+                case_sensitive=r.get("caseSensitive", True) is not False,
+                tolerance=float(r.get("tolerance", 1e-6)),
+                pattern=r.get("pattern"),
+                max_tokens=r.get("maxTokens"),
+                function=r.get("function"),
+            )
+        )
+    return GrpoConfig(
+        num_generations=g.get("numGenerations", 4),
+        max_completion_length=g.get("maxCompletionLength", 64),
+        temperature=float(g.get("temperature", 1.0)),
+        loss_type=g.get("lossType", "dapo"),
+        beta=float(g.get("beta", 0.0)),
+        rewards=tuple(rewards),
+    )
+
+
+# what each reward kind needs: its field and the config attribute holding it
+REWARD_NEEDS = {
+    "exactMatch": ("column", "column"),
+    "numericMatch": ("column", "column"),
+    "regex": ("pattern", "pattern"),
+    "length": ("maxTokens", "max_tokens"),
+    "python": ("function", "function"),
+}
+
+
+def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
+    """The cross-field rules of task grpo that the schema cannot say (the operator enforces the same before any pod)."""
+    g = training.grpo
+    if not g.rewards:
+        raise ConfigError(
+            "training.grpo.rewards", "task grpo needs at least one reward; set spec.training.grpo.rewards"
+        )
+    names = set()
+    for i, r in enumerate(g.rewards):
+        where = f"training.grpo.rewards[{i}]"
+        key, attr = REWARD_NEEDS[r.type]
+        if getattr(r, attr) in (None, ""):
+            raise ConfigError(f"{where}.{key}", f"a {r.type} reward needs {key}; set spec.{where}.{key}")
+        if r.name in names:
+            raise ConfigError(f"{where}.name", f"reward name {r.name!r} is used twice; give each reward its own name")
+        names.add(r.name)
+        if r.column is not None and r.column == dataset.prompt_field:
+            raise ConfigError(f"{where}.column", f"{r.column!r} is the prompt column; name the reference answer's")
+        if r.pattern is not None:
+            try:
+                re.compile(r.pattern)
+            except re.error as e:
+                raise ConfigError(f"{where}.pattern", f"not a valid regular expression: {e}") from None
+    if g.num_generations < 2:
+        raise ConfigError("training.grpo.numGenerations", "a group needs at least 2 completions per prompt")
+    if training.packing:
+        raise ConfigError("training.packing", "packing is for task causal-lm, not 'grpo'")
+    if dataset.eval_split:
+        raise ConfigError(
+            "dataset.evalSplit", "task grpo does not evaluate during training yet; remove spec.dataset.evalSplit"
+        )
 
 
 def parse_config(raw: dict[str, Any]) -> Config:
@@ -340,10 +454,11 @@ def parse_config(raw: dict[str, Any]) -> Config:
         text_pair_field=d.get("textPairField"),
         label_field=d.get("labelField"),
         messages_field=d.get("messagesField"),
-        prompt_field=d.get("promptField"),
+        prompt_field=d.get("promptField") or ("prompt" if task == "grpo" else None),
         completion_field=d.get("completionField"),
         chosen_field=d.get("chosenField") if task == "dpo" else None,
         rejected_field=d.get("rejectedField") if task == "dpo" else None,
+        prompts_only=task == "grpo",
     )
     if bool(dataset.name) == bool(dataset.path):
         raise ConfigError(
@@ -352,6 +467,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
         )
     if task == "dpo":
         _check_preference_fields(d)
+    elif task == "grpo":
+        _check_prompt_fields(d)
     elif d.get("chosenField") or d.get("rejectedField"):
         key = "chosenField" if d.get("chosenField") else "rejectedField"
         raise ConfigError(f"dataset.{key}", f"preference data (chosen/rejected) is for task dpo, not {task!r}")
@@ -364,7 +481,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
             "set either spec.dataset.messagesField (chat) or "
             "spec.dataset.promptField and completionField (prompt/completion), not both",
         )
-    if task != "dpo" and bool(dataset.prompt_field) != bool(dataset.completion_field):
+    if task not in ("dpo", "grpo") and bool(dataset.prompt_field) != bool(dataset.completion_field):
         missing = "completionField" if dataset.prompt_field else "promptField"
         raise ConfigError(
             f"dataset.{missing}", f"prompt/completion data needs both columns; set spec.dataset.{missing}"
@@ -375,7 +492,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
         )
 
     t = raw["training"]
-    ev, dpo = t.get("evaluation") or {}, t.get("dpo") or {}
+    ev, dpo, grpo = t.get("evaluation") or {}, t.get("dpo") or {}, t.get("grpo") or {}
     lora_raw = t.get("lora")
     lora = None
     if lora_raw:
@@ -409,6 +526,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
         activation_checkpointing=bool(t.get("activationCheckpointing") or False),
         kernels=t.get("kernels") or "auto",
         dpo=DpoConfig(beta=dpo.get("beta", 0.1), loss_type=dpo.get("lossType", "sigmoid")),
+        grpo=_grpo(grpo),
     )
     if training.kernels == "liger" and raw.get("acceleration") == "ort":
         raise ConfigError(
@@ -416,8 +534,21 @@ def parse_config(raw: dict[str, Any]) -> Config:
         )
     if dpo and task != "dpo":
         raise ConfigError("training.dpo", f"DPO settings are for task dpo, not {task!r}")
-    if task == "dpo" and raw.get("acceleration") == "ort":
-        raise ConfigError("acceleration", "task dpo runs on the default trainer image; acceleration ort cannot run it")
+    if task in ("dpo", "grpo") and raw.get("acceleration") == "ort":
+        raise ConfigError(
+            "acceleration", f"task {task} runs on the default trainer image; acceleration ort cannot run it"
+        )
+    if grpo and task != "grpo":
+        raise ConfigError("training.grpo", f"GRPO settings are for task grpo, not {task!r}")
+    if task == "grpo":
+        _check_grpo(training, dataset)
+        if training.grpo.beta > 0 and model.init_from_config and lora is None:
+            raise ConfigError(
+                "training.grpo.beta",
+                "a KL term needs the reference model, which TRL reloads from the model's weights, and a model built "
+                "from its config has none; set beta to 0, train LoRA adapters (the reference is the base), or start "
+                "from saved weights",
+            )
     if training.packing and task != "causal-lm":
         raise ConfigError("training.packing", f"packing is for task causal-lm, not {task!r}")
     if (training.epochs is None) == (training.max_steps is None):

@@ -58,6 +58,13 @@ def check_columns(config: Config, columns: list[str]) -> None:
     ds = config.dataset
     if config.task == "dpo":
         wanted = [(key, getattr(ds, attr)) for key, attr, _ in PREFERENCE]
+    elif config.task == "grpo":
+        wanted = [("promptField", ds.prompt_field)]
+        wanted += [
+            (f"training.grpo.rewards[{i}].column", r.column)
+            for i, r in enumerate(config.training.grpo.rewards)
+            if r.column
+        ]
     elif ds.sft_format == "chat":
         wanted = [("messagesField", ds.messages_field)]
     elif ds.sft_format == "prompt-completion":
@@ -68,10 +75,8 @@ def check_columns(config: Config, columns: list[str]) -> None:
         wanted.append(("labelField", ds.label_field))
     for key, column in wanted:
         if column and column not in columns:
-            raise ConfigError(
-                f"dataset.{key}",
-                f"column {column!r} not in dataset columns {columns}; set spec.dataset.{key}",
-            )
+            field = key if key.startswith("training.") else f"dataset.{key}"
+            raise ConfigError(field, f"column {column!r} not in dataset columns {columns}; set spec.{field}")
 
 
 def validate_local_dataset(config: Config) -> None:
@@ -214,6 +219,70 @@ def preference_dataset(config: Config, dataset: Any) -> Any:
     return keep.rename_columns(renames) if renames else keep
 
 
+def _value_kind(value: Any, key: str, column: str | None, where: str) -> str:
+    """'plain' for a non-empty string, 'conversational' for a non-empty list of {role, content} messages; anything
+    else is a :class:`ConfigError` naming the field, the column and the row."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ConfigError(f"dataset.{key}", f"{where}: column {column!r} is empty")
+        return "plain"
+    if isinstance(value, list) and value:
+        for j, m in enumerate(value):
+            if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in ("role", "content")):
+                raise ConfigError(
+                    f"dataset.{key}",
+                    f"{where}: column {column!r}, message {j} must be an object with string 'role' and 'content'",
+                )
+        return "conversational"
+    raise ConfigError(
+        f"dataset.{key}",
+        f"{where}: column {column!r} is missing or empty (a string, or a list of {{role, content}} messages)",
+    )
+
+
+def _rendered_kind(config: Config, tokenizer: Any, kind: str | None, rows: str) -> str:
+    """The split's kind; conversational rows need the tokenizer's chat template."""
+    if kind == "conversational" and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            "dataset.promptField",
+            f"the tokenizer of {config.model.source!r} has no chat template, so conversational {rows} cannot be "
+            f"rendered; use a chat model's tokenizer, or plain string {rows}",
+        )
+    return kind or "plain"
+
+
+def prompt_dataset(config: Config, dataset: Any) -> Any:
+    """GRPO's prompts: the prompt column as TRL names it (prompt) and the columns the rewards read, nothing else."""
+    ds = config.dataset
+    references = sorted({r.column for r in config.training.grpo.rewards if r.column} - {"prompt"})
+    keep = dataset.select_columns(list(dict.fromkeys([str(ds.prompt_field), *references])))
+    return keep.rename_column(str(ds.prompt_field), "prompt") if ds.prompt_field != "prompt" else keep
+
+
+def check_prompt_rows(config: Config, dataset: Any, tokenizer: Any, split: str) -> str:
+    """Every prompt a non-empty string (plain) or a non-empty list of {role, content} messages (conversational,
+    rendered with the tokenizer's chat template), one kind per split, and every reference a reward reads present.
+    Returns 'plain' or 'conversational'; a bad row is a :class:`ConfigError` naming the field and the row."""
+    column = config.dataset.prompt_field
+    references = [(i, r.column) for i, r in enumerate(config.training.grpo.rewards) if r.column]
+    kind = None
+    for n, row in enumerate(dataset):
+        where = f"row {n} of split {split!r}"
+        row_kind = _value_kind(row.get("prompt"), "promptField", column, where)
+        if kind is not None and row_kind != kind:
+            raise ConfigError(
+                "dataset.promptField",
+                f"{where}: is {row_kind} but the rows before it are {kind}; use one kind per split",
+            )
+        kind = row_kind
+        for i, ref in references:
+            if row.get(ref) is None or (isinstance(row.get(ref), str) and not row[ref].strip()):
+                raise ConfigError(
+                    f"training.grpo.rewards[{i}].column", f"{where}: the reference column {ref!r} is empty"
+                )
+    return _rendered_kind(config, tokenizer, kind, "prompts")
+
+
 def check_preference_rows(config: Config, dataset: Any, tokenizer: Any, split: str) -> str:
     """Every preference pair must be usable: a prompt, a chosen and a rejected response, either all strings
     (plain) or all lists of {role, content} messages (conversational, rendered with the tokenizer's chat template),
@@ -223,28 +292,7 @@ def check_preference_rows(config: Config, dataset: Any, tokenizer: Any, split: s
     kind = None
     for i, row in enumerate(dataset):
         where = f"row {i} of split {split!r}"
-        kinds = {}
-        for key, attr, name in PREFERENCE:
-            value, column = row.get(name), getattr(ds, attr)
-            if isinstance(value, str):
-                if not value.strip():
-                    raise ConfigError(f"dataset.{key}", f"{where}: column {column!r} is empty")
-                kinds[key] = "plain"
-            elif isinstance(value, list) and value:
-                for j, m in enumerate(value):
-                    if not isinstance(m, dict) or not all(isinstance(m.get(k), str) for k in ("role", "content")):
-                        raise ConfigError(
-                            f"dataset.{key}",
-                            f"{where}: column {column!r}, message {j} must be an object with string 'role' and "
-                            "'content'",
-                        )
-                kinds[key] = "conversational"
-            else:
-                raise ConfigError(
-                    f"dataset.{key}",
-                    f"{where}: column {column!r} is missing or empty (a string, or a list of "
-                    "{role, content} messages)",
-                )
+        kinds = {key: _value_kind(row.get(name), key, getattr(ds, attr), where) for key, attr, name in PREFERENCE}
         if len(set(kinds.values())) > 1:
             raise ConfigError(
                 "dataset.promptField",
@@ -263,13 +311,7 @@ def check_preference_rows(config: Config, dataset: Any, tokenizer: Any, split: s
             raise ConfigError(
                 "dataset.rejectedField", f"{where}: the chosen and rejected responses are the same: nothing to prefer"
             )
-    if kind == "conversational" and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(
-            "dataset.promptField",
-            f"the tokenizer of {config.model.source!r} has no chat template, so conversational pairs cannot be "
-            "rendered; use a chat model's tokenizer, or plain string pairs",
-        )
-    return kind or "plain"
+    return _rendered_kind(config, tokenizer, kind, "pairs")
 
 
 def _chat_row_tokens(config: Config, tokenizer: Any, messages: Any, i: int, split: str) -> int:

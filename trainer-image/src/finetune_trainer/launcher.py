@@ -50,7 +50,7 @@ AGENT_VERDICT_FD_ENV = "FINETUNE_AGENT_VERDICT_FD"  # where the agent writes its
 
 def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
     """Everything that can be checked without training. Raises :class:`ConfigError`."""
-    from finetune_trainer import accel, compat, data
+    from finetune_trainer import accel, compat, data, rewards
 
     m = config.model
     if m.path:
@@ -86,18 +86,23 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
                 "chat, prompt/completion data and packing need TRL, which this image lacks; use "
                 "the default trainer image (remove spec.image)",
             )
-    if config.task == "dpo" and importlib.util.find_spec("trl") is None:
-        raise ConfigError("task", "task dpo needs TRL, which this image lacks; use the default trainer image")
+    if config.task in ("dpo", "grpo") and importlib.util.find_spec("trl") is None:
+        raise ConfigError(
+            "task", f"task {config.task} needs TRL, which this image lacks; use the default trainer image"
+        )
+    if config.task == "grpo":
+        rewards.check(config, world_size=run.world_size)
     validate_llm(config, kind, cuda_available=cuda_available)
     if config.training.precision == "fp16" and not cuda_available:
         raise ConfigError("training.precision", "fp16 needs a GPU; use 'auto', 'bf16' or 'fp32' on CPU")
 
     args_cls = accel.make_backend(kind).args_class()
-    if config.task == "dpo" or data.uses_sft(config):  # TRL's config classes add fields of their own
+    if config.task in ("dpo", "grpo") or data.uses_sft(config):  # TRL's config classes add fields of their own
         from trl.trainer.dpo_config import DPOConfig
+        from trl.trainer.grpo_config import GRPOConfig
         from trl.trainer.sft_config import SFTConfig
 
-        args_cls = DPOConfig if config.task == "dpo" else SFTConfig
+        args_cls = {"dpo": DPOConfig, "grpo": GRPOConfig}.get(config.task, SFTConfig)
     known = compat.training_arg_names(args_cls)
     for key in config.training.extra_args:
         if key not in known:

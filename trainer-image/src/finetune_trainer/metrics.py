@@ -81,12 +81,28 @@ REWARD_LOGS = {
     "rewards/chosen": "chosen",
     "rewards/rejected": "rejected",
 }
+# TRL's GRPOTrainer logs these each logging step; named as result.json's grpo history keeps them
+GRPO_LOGS = {
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "completions/mean_length": "completion_length",
+    "kl": "kl",
+    "entropy": "entropy",
+}
 
 
 class TrainerMetrics:
     """The metric objects, on their own registry, with this node's label values bound."""
 
-    def __init__(self, *, namespace: str, job: str, node_rank: int, registry: CollectorRegistry | None = None):
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        job: str,
+        node_rank: int,
+        registry: CollectorRegistry | None = None,
+        rollouts: bool = False,
+    ):
         self.registry = registry or CollectorRegistry()
         values = (namespace, job, str(node_rank))
         r = self.registry
@@ -169,6 +185,26 @@ class TrainerMetrics:
         self.reward_margin = gauge(
             "finetune_train_reward_margin", "dpo: mean reward of chosen minus rejected over the last logged pairs"
         )
+        # GRPO's series, on the pages of GRPO runs only (rollouts=True): the other tasks' pages stay as small
+        grpo = gauge if rollouts else (lambda name, doc: Gauge(name, doc, LABELS, registry=None).labels(*values))
+        self.reward_mean = grpo(
+            "finetune_train_reward_mean", "grpo: mean weighted sum of the rewards over the last logged completions"
+        )
+        self.reward_std = grpo("finetune_train_reward_std", "grpo: standard deviation of that sum")
+        self._reward_function = Gauge(
+            "finetune_train_reward_function_mean",
+            "grpo: mean of one reward function (unweighted) over the last logged completions",
+            (*LABELS, "reward"),
+            registry=r if rollouts else None,
+        )
+        self.completion_length = grpo(
+            "finetune_train_completion_length_mean", "grpo: mean length of the last logged completions, in tokens"
+        )
+        self.kl = grpo("finetune_train_kl", "grpo with beta > 0: mean KL of the policy to the reference model")
+        self.rollout_tokens_per_second = grpo(
+            "finetune_train_rollout_tokens_per_second",
+            "grpo: recent completion tokens generated per second of generation on this node",
+        )
         # What the run trains with (acceleration: auto and kernels: auto settled), and why: 1 with those labels
         self._values = values
         self._choice = Gauge(
@@ -188,6 +224,11 @@ class TrainerMetrics:
             self.eval_f1,
             self.reward_accuracy,
             self.reward_margin,
+            self.reward_mean,
+            self.reward_std,
+            self.completion_length,
+            self.kl,
+            self.rollout_tokens_per_second,
         )
         for unset in nan_until_known:
             unset.set(math.nan)  # NaN until known: a 0 would read as a perfect loss or a useless model
@@ -196,6 +237,9 @@ class TrainerMetrics:
         """Export what the run trains with and why (the reason cut to CHOICE_REASON_CHARS)."""
         self._choice.clear()
         self._choice.labels(*self._values, acceleration, kernels, reason[:CHOICE_REASON_CHARS]).set(1)
+
+    def set_reward_function(self, name: str, value: float) -> None:
+        self._reward_function.labels(*self._values, name).set(value)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
         """Start the HTTP endpoint; a port in use is logged, not fatal (metrics must never stop training)."""
@@ -237,6 +281,13 @@ class BatchCounter:
         with self._lock:
             self._built.append((len(features), tokens))
         return batch
+
+    def record(self, rows: int, tokens: int, batches: int = 1) -> None:
+        """Count rows and tokens that did not go through the collator (GRPO's rollouts: the prompts and the
+        completions generated for them), spread over the ``batches`` micro-batches they are trained in."""
+        with self._lock:
+            for i in range(batches):
+                self._built.append((rows // batches + (i < rows % batches), tokens // batches + (i < tokens % batches)))
 
     def take(self, batches: int | None = None) -> tuple[int, int]:
         """Rows and tokens of the next ``batches`` batches in training order (all queued ones when None)."""
@@ -286,6 +337,12 @@ class MetricsCallback(TrainerCallback):
         self.eval_history: list[dict[str, float]] = []
         # dpo: {"step", "accuracy", "margin", "chosen", "rejected"} at every log (TRL's rewards/*)
         self.reward_history: list[dict[str, float]] = []
+        # grpo: {"step", "reward", "reward_std", "completion_length", "kl", "entropy", "rewards": {name: mean}}
+        self.grpo_history: list[dict[str, Any]] = []
+        self.rollout: Any = None  # grpo: the RolloutMeter its trainer fills
+        self.rollout_tokens = 0
+        self.rollout_seconds = 0.0
+        self._avg_rollout_tps: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.m.total_steps.set(state.max_steps)
@@ -318,6 +375,7 @@ class MetricsCallback(TrainerCallback):
             m.time_to_first_step.set(self.time_to_first_step)
             m.warmup.set(duration)
             return  # the first step includes warm-up (compilation, ORT export): keep it out of the rates
+        self._take_rollout()
         m.step_duration.observe(duration)
         if duration <= 0:
             return
@@ -337,6 +395,24 @@ class MetricsCallback(TrainerCallback):
         utilisation = mfu(self.params, self._avg_tokens_per_s, self.peak, self.nproc)
         m.mfu.set(utilisation)
         m.mfu_deprecated.set(utilisation)
+
+    def _take_rollout(self) -> None:
+        """GRPO: the step's generation, as completion tokens per second of generating (first step included: its
+        generation has no compilation of its own)."""
+        if self.rollout is None:
+            return
+        tokens, seconds = self.rollout.take()
+        tokens *= self.nproc
+        self.rollout_tokens += tokens
+        self.rollout_seconds += seconds
+        if seconds > 0:
+            rate, a, avg = tokens / seconds, self.ema, self._avg_rollout_tps
+            self._avg_rollout_tps = rate if avg is None else (1 - a) * avg + a * rate
+            self.m.rollout_tokens_per_second.set(self._avg_rollout_tps)
+
+    def rollout_rate(self) -> float | None:
+        """Completion tokens generated per second of generation over the attempt (this node), or None."""
+        return self.rollout_tokens / self.rollout_seconds if self.rollout_seconds > 0 else None
 
     def steady_rates(self) -> tuple[float | None, float | None]:
         """(samples/s, tokens/s) of this node over every step after the first: the figure the gauges track, without
@@ -366,6 +442,28 @@ class MetricsCallback(TrainerCallback):
             self.reward_history.append(entry)
             self.m.reward_accuracy.set(entry.get("accuracy", math.nan))
             self.m.reward_margin.set(entry.get("margin", math.nan))
+        if "reward" in logs and "reward_std" in logs:
+            self._log_grpo(state.global_step, logs)
+
+    def _log_grpo(self, step: int, logs: dict[str, Any]) -> None:
+        entry: dict[str, Any] = {"step": step}
+        for key, name in GRPO_LOGS.items():
+            if isinstance(logs.get(key), int | float):
+                entry[name] = float(logs[key])
+        per = {
+            key[len("rewards/") : -len("/mean")]: float(v)
+            for key, v in logs.items()
+            if key.startswith("rewards/") and key.endswith("/mean") and isinstance(v, int | float)
+        }
+        entry["rewards"] = per
+        self.grpo_history.append(entry)
+        m = self.m
+        m.reward_mean.set(entry.get("reward", math.nan))
+        m.reward_std.set(entry.get("reward_std", math.nan))
+        m.completion_length.set(entry.get("completion_length", math.nan))
+        m.kl.set(entry.get("kl", math.nan))
+        for name, value in per.items():
+            m.set_reward_function(name, value)
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None, **kwargs: Any

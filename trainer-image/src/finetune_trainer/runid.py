@@ -50,7 +50,9 @@ def identity(config: Config) -> dict[str, Any]:
         training["gradient_accumulation_steps"] = config.training.gradient_accumulation_steps
     model = dataclasses.asdict(config.model)
     model.pop("trust_remote_code", None)
-    return {"task": config.task, "model": model, "dataset": dataclasses.asdict(config.dataset), "training": training}
+    ident = {"task": config.task, "model": model, "dataset": dataclasses.asdict(config.dataset), "training": training}
+    normal: dict[str, Any] = json.loads(json.dumps(ident, default=str))  # as run.json records it: tuples are lists
+    return normal
 
 
 def run_id(config: Config) -> str:

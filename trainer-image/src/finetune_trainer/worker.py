@@ -108,6 +108,18 @@ def build_training_args(
 
         args_cls = DPOConfig
         sft = {"beta": t.dpo.beta, "loss_type": t.dpo.loss_type, "max_length": t.max_seq_length}
+    if config.task == "grpo":
+        from trl import GRPOConfig
+
+        args_cls, g = GRPOConfig, t.grpo
+        sft = {
+            "num_generations": g.num_generations,
+            "max_completion_length": g.max_completion_length,
+            "temperature": g.temperature,
+            "loss_type": g.loss_type,
+            "beta": g.beta,
+            "reward_weights": [r.weight for r in g.rewards],
+        }
     known = compat.training_arg_names(args_cls)
     for key in t.extra_args:
         if key not in known:
@@ -212,7 +224,7 @@ def load_model(
         # half-precision checkpoint loads (an 8 B base takes 16 GB instead of 32); trained weights (every weight, or
         # a classifier head beside a LoRA) stay fp32 under mixed precision.
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision) if device else None
-        lm_lora = config.training.lora is not None and config.task in ("causal-lm", "dpo")  # no trained head
+        lm_lora = config.training.lora is not None and config.task in ("causal-lm", "dpo", "grpo")  # no new head
         dtype = {"dtype": half} if half is not None and lm_lora and backend.name != "ort" else {}
         with torch.device(device) if device else contextlib.nullcontext():
             model = auto.from_config(model_config, **common, **attn, **dtype)
@@ -576,6 +588,7 @@ class Data:
     labels: list[str] | None  # sequence classification: the label names by id
     mean_train_tokens: float  # per row, when ``auto`` weighs the workload (else 0)
     preference: str | None = None  # dpo: 'plain' or 'conversational' pairs (TRL's DPOTrainer tokenizes them)
+    prompts: str | None = None  # grpo: 'plain' or 'conversational' prompts (TRL's GRPOTrainer generates from them)
 
 
 @dataclass
@@ -631,7 +644,9 @@ def set_up(config: Config, ident: Identity, launch_time: float) -> Setup:
         # SIGTERM agreement and resume broadcast without GPU syncs, bounded like the training collectives
         control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.ddp_timeout))
 
-    metrics = TrainerMetrics(namespace=config.job.namespace, job=config.job.name, node_rank=ident.node_rank)
+    metrics = TrainerMetrics(
+        namespace=config.job.namespace, job=config.job.name, node_rank=ident.node_rank, rollouts=config.task == "grpo"
+    )
     metrics.rendezvous_duration.set(rendezvous_s)
     metrics.startup_launcher.set(phases["launcher_seconds"])
     metrics.attempt.set(ident.attempt)
@@ -659,7 +674,7 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
     mean_tokens: list[float] = []  # per split, the training split's first
     weigh = config.acceleration == "auto" and accel.weighs_workload(setup.hardware, config.task)
     label_ids, labels = (None, None)
-    preference = None
+    preference = prompts = None
     with setup.args.main_process_first(desc="load and tokenize the dataset"):
         for split in splits:
             raw = data.load_split(config, split)
@@ -675,6 +690,10 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
                     )
                 preference = kind
                 mean_tokens.append(0.0)
+            elif config.task == "grpo":  # TRL's GRPOTrainer tokenizes the prompts as it generates
+                prepared.append(data.prompt_dataset(config, raw))
+                prompts = data.check_prompt_rows(config, prepared[-1], tokenizer, split)
+                mean_tokens.append(0.0)
             elif sft:  # TRL's SFTTrainer renders and tokenizes; every row is checked first, naming the bad one
                 prepared.append(data.sft_dataset(config, raw))
                 mean_tokens.append(data.check_sft_rows(config, prepared[-1], tokenizer, split))
@@ -687,7 +706,7 @@ def load_data(config: Config, setup: Setup, tokenizer: Any, launch_time: float) 
         raise ConfigError("dataset", f"split {config.dataset.split!r} has no usable rows after tokenization")
     setup.phases["data_seconds"] = time.time() - launch_time - sum(setup.phases.values())
     setup.metrics.startup_data.set(setup.phases["data_seconds"])
-    return Data(prepared[0], prepared[1] if evaluate else None, sft, labels, mean_tokens[0], preference)
+    return Data(prepared[0], prepared[1] if evaluate else None, sft, labels, mean_tokens[0], preference, prompts)
 
 
 def load_the_model(
@@ -714,7 +733,8 @@ def load_the_model(
             ident,
             params=params,
             train_rows=len(ds.train),
-            mean_row_tokens=None if ds.preference is not None else row_tokens,  # TRL pads DPO's pairs itself
+            # TRL pads DPO's pairs itself, and GRPO's completions are generated
+            mean_row_tokens=None if ds.preference is not None or ds.prompts is not None else row_tokens,
             done_steps=setup.resume.step if setup.resume else 0,
         )
     choice = accel.choose(
@@ -774,7 +794,7 @@ def build_trainer(
     device_name = torch.cuda.get_device_name(0) if setup.cuda else None
     # SFTTrainer and DPOTrainer build their own collators (completion / assistant masks, packing; chosen and rejected
     # padded side by side): wrapped once the trainer exists.
-    own_collator = ds.sft or ds.preference is not None
+    own_collator = ds.sft or ds.preference is not None or ds.prompts is not None
     counter = BatchCounter(
         None if own_collator else make_collator(config, tokenizer, static_shapes=setup.kind == "compile")
     )
@@ -805,6 +825,14 @@ def build_trainer(
 
         trainer_cls = DPOTrainer
         extra["ref_model"] = reference_model(config, setup, tokenizer, ident)
+    if ds.prompts is not None:
+        from trl import GRPOTrainer
+
+        from finetune_trainer import rewards, rollout
+
+        metrics_cb.rollout = rollout.RolloutMeter()
+        trainer_cls = rollout.counted(GRPOTrainer, counter, metrics_cb.rollout)
+        extra["reward_funcs"] = rewards.functions(config)
     trainer_cls = compat.eval_without_collator_wrapper(compat.cpu_resumable(trainer_cls))
     if config.task == "sequence-classification" and ds.eval is not None:  # the other tasks' defaults are None
         extra["compute_metrics"] = evaluation.classification_metrics
@@ -814,12 +842,12 @@ def build_trainer(
         args=args,
         train_dataset=ds.train,
         eval_dataset=ds.eval,
-        data_collator=None if own_collator else counter,
+        **({} if ds.prompts is not None else {"data_collator": None if own_collator else counter}),
         callbacks=[metrics_cb, ckpt_cb],
         **extra,
         **compat.tokenizer_kwarg(trainer_cls, tokenizer),
     )
-    if own_collator:
+    if own_collator and ds.prompts is None:  # GRPO's rows pass through; its rollouts are counted as generated
         counter.collator, trainer.data_collator = trainer.data_collator, counter
     return Built(trainer, metrics_cb)
 
@@ -846,6 +874,25 @@ def dpo_result(config: Config, ds: Data, metrics_cb: MetricsCallback) -> dict[st
             "pairs": ds.preference,
             "rewards": history[-1] if history else None,
             "reward_history": history,
+        }
+    }
+
+
+def grpo_result(config: Config, ds: Data, metrics_cb: MetricsCallback) -> dict[str, Any]:
+    g, history = config.training.grpo, metrics_cb.grpo_history
+    rate = metrics_cb.rollout_rate()
+    return {
+        "grpo": {
+            "num_generations": g.num_generations,
+            "max_completion_length": g.max_completion_length,
+            "loss_type": g.loss_type,
+            "beta": g.beta,
+            "prompts": ds.prompts,
+            "rewards": {r.name: {"type": r.type, "weight": r.weight} for r in g.rewards},
+            "last": history[-1] if history else None,
+            "history": history,
+            "rollout_tokens": metrics_cb.rollout_tokens,
+            "rollout_tokens_per_second": round(rate, 3) if rate is not None else None,
         }
     }
 
@@ -995,6 +1042,10 @@ def save_results(
                 # dpo: the rewards at every log of this attempt and the last ({"step", "accuracy", "margin",
                 # "chosen", "rejected"}), beta and the loss type; null for the other tasks
                 **(dpo_result(config, ds, metrics_cb) if ds.preference is not None else {"dpo": None}),
+                # grpo: every log of this attempt ({"step", "reward", "reward_std", "completion_length", "kl",
+                # "entropy", "rewards": {name: mean}}), the last, the settings, and rank 0's node's rollout rate
+                # (completion tokens per second of generation); null for the other tasks
+                **(grpo_result(config, ds, metrics_cb) if ds.prompts is not None else {"grpo": None}),
             },
         )
     if dist.is_initialized():

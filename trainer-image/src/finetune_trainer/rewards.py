@@ -1,0 +1,177 @@
+"""GRPO's reward functions: the built-in kinds a job names in ``spec.training.grpo.rewards`` (no code from the spec)
+and functions the image itself holds.
+
+Each reward is called by TRL's ``GRPOTrainer`` with the prompts, the completions and every other dataset column (a
+list per column, one value per completion) and returns one score per completion; the trainer sums them with their
+weights. The kinds:
+
+- ``exactMatch``: 1 when the completion, stripped (and case-folded unless ``caseSensitive``), is the reference
+  column's value, else 0;
+- ``numericMatch``: 1 when the completion's last number equals the reference column's number within ``tolerance``
+  (commas in numbers ignored), else 0 (also 0 when either has no number);
+- ``regex``: 1 when ``pattern`` is found in the completion (``re.search``, with ``re.DOTALL``: anchor with ``^`` and
+  ``$`` for a whole-completion format check), else 0;
+- ``length``: 0 up to ``maxTokens`` completion tokens, then minus the share over it (-1 at twice the length);
+- ``python``: ``package.module:function``, a function with TRL's reward signature in a module installed in the
+  image (its site-packages or this package): a module found anywhere else (a volume, a path set in the
+  environment) is refused, so a job's spec can never bring code.
+
+A conversational completion (a list of messages) is scored on its last message's content.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import sysconfig
+from collections.abc import Callable
+from typing import Any
+
+from finetune_trainer.config import Config, Reward
+from finetune_trainer.errors import ConfigError
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def completion_text(completion: Any) -> str:
+    """A plain completion as is; a conversational one (a list of {role, content}) its last message's content."""
+    if isinstance(completion, list):
+        return str(completion[-1].get("content", "")) if completion else ""
+    return str(completion)
+
+
+def last_number(text: str) -> float | None:
+    found = NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _references(r: Reward, kwargs: dict[str, Any], n: int) -> list[Any]:
+    values = kwargs.get(str(r.column))
+    if values is None or len(values) != n:
+        raise KeyError(f"reward {r.name!r}: column {r.column!r} did not reach the reward function")
+    return list(values)
+
+
+def exact_match(r: Reward) -> Callable[..., list[float]]:
+    def fold(s: str) -> str:
+        s = s.strip()
+        return s if r.case_sensitive else s.casefold()
+
+    def score(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        refs = _references(r, kwargs, len(completions))
+        return [float(fold(completion_text(c)) == fold(str(ref))) for c, ref in zip(completions, refs, strict=True)]
+
+    return score
+
+
+def numeric_match(r: Reward) -> Callable[..., list[float]]:
+    def score(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        refs = _references(r, kwargs, len(completions))
+        out = []
+        for c, ref in zip(completions, refs, strict=True):
+            got = last_number(completion_text(c))
+            want = float(ref) if isinstance(ref, int | float) else last_number(str(ref))
+            out.append(float(got is not None and want is not None and math.isclose(got, want, abs_tol=r.tolerance)))
+        return out
+
+    return score
+
+
+def regex(r: Reward) -> Callable[..., list[float]]:
+    pattern = re.compile(str(r.pattern), re.DOTALL)
+
+    def score(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        return [float(pattern.search(completion_text(c)) is not None) for c in completions]
+
+    return score
+
+
+def length(r: Reward) -> Callable[..., list[float]]:
+    limit = int(r.max_tokens or 1)
+
+    def score(prompts: list[Any], completions: list[Any], completion_ids: list[Any], **kwargs: Any) -> list[float]:
+        return [-max(0, len(ids) - limit) / limit for ids in completion_ids]
+
+    return score
+
+
+def image_roots() -> list[str]:
+    """Where a reward function's module may live: the interpreter's own libraries (the image's venv) and this
+    package's directory."""
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if paths.get(k)}
+    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return sorted(os.path.realpath(p) for p in roots)
+
+
+def _module_in_image(module: str, field: str) -> None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(field, f"module {module!r} cannot be found in this image: {e}") from None
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        raise ConfigError(field, f"module {module!r} is not installed in this image; build an image that installs it")
+    origin = os.path.realpath(spec.origin)
+    if not any(origin.startswith(root + os.sep) for root in image_roots()):
+        raise ConfigError(
+            field,
+            f"module {module!r} is loaded from {origin}, outside the image's installed packages; reward functions "
+            "run only from modules installed in the image (build an image that installs it)",
+        )
+
+
+def python_function(r: Reward, field: str) -> Callable[..., list[float]]:
+    module, _, attr = str(r.function).partition(":")
+    _module_in_image(module, field)
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as e:  # the module's own import failed: a broken image
+        raise ConfigError(field, f"importing {module!r} failed: {type(e).__name__}: {e}") from None
+    fn = getattr(loaded, attr, None)
+    if not callable(fn):
+        raise ConfigError(field, f"{module!r} has no function {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+BUILT_IN = {"exactMatch": exact_match, "numericMatch": numeric_match, "regex": regex, "length": length}
+
+
+def functions(config: Config) -> list[Callable[..., list[float]]]:
+    """The job's reward functions in its order, each named as its metrics are (``rewards/<name>/mean``)."""
+    out = []
+    for i, r in enumerate(config.training.grpo.rewards):
+        field = f"training.grpo.rewards[{i}].function"
+        if r.type == "python":
+            found = python_function(r, field)
+
+            def fn(*args: Any, _found: Callable[..., list[float]] = found, **kwargs: Any) -> list[float]:
+                return _found(*args, **kwargs)  # the image's function under the job's name for it
+
+        else:
+            fn = BUILT_IN[r.type](r)
+        fn.__name__ = r.name
+        out.append(fn)
+    return out
+
+
+def check(config: Config, *, world_size: int) -> None:
+    """Before any worker: every reward can be built (a python one's module is in the image) and the batch holds
+    whole groups of generations."""
+    functions(config)
+    t = config.training
+    per_step = t.per_device_batch_size * world_size * t.gradient_accumulation_steps
+    g = t.grpo.num_generations
+    if per_step % g:
+        raise ConfigError(
+            "training.grpo.numGenerations",
+            f"each step generates perDeviceBatchSize * ranks * gradientAccumulationSteps = "
+            f"{t.per_device_batch_size} * {world_size} * {t.gradient_accumulation_steps} = {per_step} completions, "
+            f"which is not a whole number of groups of {g}; make it a multiple of numGenerations",
+        )
