@@ -3,7 +3,7 @@
 # transformers, accelerate, datasets, peft, trl, liger-kernel, bitsandbytes, prometheus-client, jsonschema, pyyaml),
 # from the repository root:
 #
-#   bash bench/gpu_check.sh                        # every row, about 7.9 minutes on an H100/H200 (the budgets below)
+#   bash bench/gpu_check.sh                        # every row, about 8.6 minutes on an H100/H200 (the budgets below)
 #   OUT=/tmp/gpu-check bash bench/gpu_check.sh
 #   GPU_CHECK_DEVICE=cpu bash bench/gpu_check.sh   # the same rows at toy sizes on a CPU (checks the script itself;
 #                                                  # tests/trainer/test_gpu_check.py runs it in CI)
@@ -23,7 +23,7 @@
 #    memory, loss, what auto picked.
 # 3. The BERT-base throughput bench, eager against compile, side by side in one process (the table's BERT row).
 # Sizes and steps are chosen from the H200 figures of 2026-12-04 (docs/benchmarks.md) so that every row fits its
-# budget (BUDGET below, seconds, printed beside each row's time): 7.9 minutes in all, start-up included.
+# budget (BUDGET below, seconds, printed beside each row's time): 8.6 minutes in all, start-up included.
 # Everything lands in $OUT (default /tmp/gpu-check): logs, result.json files, the scrapes, one JSON per bench and
 # summary.log. Exit status: non-zero when a row fails, or on a GPU when the MFU gauge is NaN or auto did not pick
 # what its table says.
@@ -43,12 +43,12 @@ log() { echo "[gpu_check +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summar
 # local GPU); on a CPU the trainer itself must then refuse those two, exit 78, finding no GPU
 gpu_request="  resources: {limits: {nvidia.com/gpu: 1}}"
 if [[ $DEVICE == cuda ]]; then
-  hidden=2048 layers=16 seq=512 batch=16 steps=120 row_steps=40 rows=1200
+  hidden=2048 layers=16 seq=512 batch=16 steps=120 row_steps=40 rows=1200 grpo_steps=10
   big=(--hidden 4096 --layers 32 --heads 32 --kv-heads 8 --intermediate 14336 --vocab 128256) big_seq=1024 big_batch=4
   big_steps=20
   bert=(--hidden 768 --layers 12) bench_steps=(--steps 20 --warmup 3)
 else
-  hidden=128 layers=2 seq=64 batch=4 steps=300 row_steps=10 rows=200
+  hidden=128 layers=2 seq=64 batch=4 steps=300 row_steps=10 rows=200 grpo_steps=4
   big=(--hidden 256 --layers 2 --heads 4 --kv-heads 2 --intermediate 512 --vocab 4096) big_seq=128 big_batch=2
   big_steps=4
   bert=(--hidden 64 --layers 2) bench_steps=(--steps 3 --warmup 1)
@@ -57,7 +57,7 @@ fi
 # group), data and model (~7 s a forked row), warm-up (compile 40 s), steps x tokens / the measured tokens/s
 # (QLoRA: a run-local of its own, so its start-up too)
 declare -A BUDGET=([setup]=30 [auto]=70 [kernels-none]=19 [liger]=21 [compile]=57 [compile-liger]=61 [llama8b-lora]=35
-  [dpo]=30 [qlora]=70 [fsdp]=35 [bench-bert]=45)
+  [dpo]=30 [grpo]=45 [qlora]=70 [fsdp]=35 [bench-bert]=45)
 total_budget=0; for v in "${BUDGET[@]}"; do total_budget=$(( total_budget + v )); done
 
 log "versions"
@@ -121,6 +121,11 @@ with open(work / "pairs" / "train.jsonl", "w") as f:  # DPO: a long prompt, two 
         prompt = " ".join(rng.choice(words) for _ in range(seq // 2))
         chosen, rejected = (" " + " ".join(rng.choice(words) for _ in range(seq // 4)) for _ in range(2))
         f.write(json.dumps({"prompt": prompt, "chosen": chosen, "rejected": rejected}) + "\n")
+(work / "prompts").mkdir()
+with open(work / "prompts" / "train.jsonl", "w") as f:  # GRPO: a prompt and a number its rewards check
+    for i in range(rows):
+        prompt = " ".join(rng.choice(words) for _ in range(seq // 4))
+        f.write(json.dumps({"prompt": prompt, "answer": str(i % 10)}) + "\n")
 PY
 cat > "$work/job.yaml" <<EOF
 apiVersion: finetune.dev/v1alpha1
@@ -249,9 +254,14 @@ row llama8b-lora auto "lora: {r: 16, alpha: 32, targetModules: [all-linear]}" ca
   "{path: /workspace/big, initFromConfig: true}" "$big_steps" "$big_batch" "$big_seq"
 row dpo auto "lora: {r: 16, alpha: 32, targetModules: [all-linear]}, dpo: {beta: 0.1}" dpo \
   "{path: /workspace/pairs, promptField: prompt, chosenField: chosen, rejectedField: rejected}"
+# GRPO: generation (transformers' generate, 64 tokens, 4 completions a prompt) and training, rollout and training
+# tokens/s; a random model earns no reward to speak of: the row measures speed
+row grpo auto "lora: {r: 16, alpha: 32, targetModules: [all-linear]}, grpo: {numGenerations: 4, maxCompletionLength: \
+64, rewards: [{type: numericMatch, column: answer}, {type: length, maxTokens: 32}]}" grpo \
+  "{path: /workspace/prompts, promptField: prompt}" "" "$grpo_steps"
 row qlora auto "lora: {r: 16, alpha: 32, targetModules: [all-linear], quantization: 4bit}, activationCheckpointing: true"
 row fsdp auto "sharding: fsdp, activationCheckpointing: true"
-names+=(llama8b-lora dpo qlora fsdp)
+names+=(llama8b-lora dpo grpo qlora fsdp)
 budgets=() manifests=()
 for name in "${names[@]}"; do budgets+=(--budget "$name=${BUDGET[$name]}"); done
 for name in "${names[@]}"; do manifests+=("$work/rows/job-$name.yaml"); done

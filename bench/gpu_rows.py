@@ -168,6 +168,9 @@ def summary(
     )
     if r.get("dpo"):
         line += f"; rewards {r['dpo']['rewards']}"
+    if r.get("grpo"):
+        g = r["grpo"]
+        line += f"; rollout {g['rollout_tokens_per_second']} completion tokens/s, last log {g['last']}"
     return line, True
 
 

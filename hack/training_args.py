@@ -98,12 +98,12 @@ def emit(stack: str) -> dict[str, Any]:
         "deepspeed": importlib.util.find_spec("deepspeed") is not None,
         "fields": fields,
     }
-    if stack == "default":  # the TRL trainers' configs add fields of their own (SFT data, DPO)
-        from trl import DPOConfig, SFTConfig
+    if stack == "default":  # the TRL trainers' configs add fields of their own (SFT data, DPO, GRPO)
+        from trl import DPOConfig, GRPOConfig, SFTConfig
 
         table["trlFields"] = {
             name: {k: v for k, v in _fields(trl_cls).items() if k not in fields}
-            for name, trl_cls in (("sft", SFTConfig), ("dpo", DPOConfig))
+            for name, trl_cls in (("sft", SFTConfig), ("dpo", DPOConfig), ("grpo", GRPOConfig))
         }
     return table
 

@@ -133,6 +133,20 @@ def panels() -> list[dict[str, Any]]:
             "(0-1), and the mean reward margin chosen minus rejected; empty for the other tasks.",
         ),
         _panel(
+            "Rewards (grpo)",
+            [
+                _target(f"max by ({BY}) (finetune_train_reward_mean{{{SEL}}})", f"sum {job}", "A"),
+                _target(
+                    f"max by ({BY}, reward) (finetune_train_reward_function_mean{{{SEL}}})",
+                    f"{{{{reward}}}} {job}",
+                    "B",
+                ),
+            ],
+            unit="none",
+            desc="Task grpo: the mean of the weighted sum of the rewards over the last logged completions, and each "
+            "reward function's own mean; empty for the other tasks.",
+        ),
+        _panel(
             "Learning rate",
             [_target(f"max by ({BY}) (finetune_train_learning_rate{{{SEL}}})", job)],
             unit="none",

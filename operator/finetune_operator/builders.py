@@ -252,6 +252,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             "sharding": t.sharding,
             "activationCheckpointing": t.activation_checkpointing,
             "dpo": None if t.dpo is None else {"beta": t.dpo.beta, "lossType": t.dpo.loss_type},
+            "grpo": None if t.grpo is None else t.grpo.config(),
             "kernels": t.kernels,
             **({"globalBatchSize": t.global_batch_size} if t.global_batch_size is not None else {}),
         },

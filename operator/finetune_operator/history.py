@@ -4,8 +4,8 @@ scrapes from rank 0.
 Clients draw loss, evaluation loss, throughput and learning-rate curves from the job alone, without Prometheus:
 ``finetune status`` prints them as sparklines. Two series, each bounded, whatever the job's length:
 
-- ``train``: at most :data:`MAX_TRAIN_POINTS` points ``{attempt, step, loss, samplesPerSecond, learningRate}``, one
-  per scrape that saw the step move (the progress interval, 15 s by default);
+- ``train``: at most :data:`MAX_TRAIN_POINTS` points ``{attempt, step, loss, samplesPerSecond, learningRate}`` (and
+  ``reward``, GRPO's mean reward), one per scrape that saw the step move (the progress interval, 15 s by default);
 - ``eval``: at most :data:`MAX_EVAL_POINTS` points ``{attempt, step, evalLoss}``, one per new evaluation result (at
   the step the scrape saw it).
 
@@ -38,6 +38,7 @@ class TrainPoint:
     loss: float | None = None
     samples_per_second: float | None = None
     learning_rate: float | None = None
+    reward: float | None = None  # grpo: the mean of the weighted rewards
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ SERIES = (
     ("eval_loss", "eval", "evalLoss"),
     ("samples_per_second", "train", "samplesPerSecond"),
     ("learning_rate", "train", "learningRate"),
+    ("reward", "train", "reward"),
 )
 
 
@@ -131,15 +133,18 @@ def record(history: History | None, scraped: Progress, *, attempt: int) -> Histo
     h = history or History()
     if scraped.step is not None:
         last = h.train[-1] if h.train else None
-        point = TrainPoint(attempt, scraped.step, scraped.loss, scraped.samples_per_second, scraped.learning_rate)
+        point = TrainPoint(
+            attempt,
+            scraped.step,
+            scraped.loss,
+            scraped.samples_per_second,
+            scraped.learning_rate,
+            scraped.reward_mean,
+        )
         if last is not None and (last.attempt, last.step) == (attempt, scraped.step):
             # The same step again: what this scrape adds (a gauge the trainer had not set at the last one) fills in.
-            filled = TrainPoint(
-                attempt,
-                last.step,
-                last.loss if point.loss is None else point.loss,
-                last.samples_per_second if point.samples_per_second is None else point.samples_per_second,
-                last.learning_rate if point.learning_rate is None else point.learning_rate,
+            filled = replace(
+                last, **{f.name: getattr(point, f.name) for f in fields(point) if getattr(point, f.name) is not None}
             )
             if filled != last:
                 h = replace(h, train=(*h.train[:-1], filled))

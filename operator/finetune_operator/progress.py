@@ -7,6 +7,7 @@ per step, so the job's throughput is rank 0's node throughput times the number o
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -38,7 +39,15 @@ GAUGES = {
     "finetune_eval_f1": "eval_f1",
     "finetune_train_reward_accuracy": "reward_accuracy",
     "finetune_train_reward_margin": "reward_margin",
+    "finetune_train_reward_mean": "reward_mean",
+    "finetune_train_completion_length_mean": "completion_length",
+    "finetune_train_kl": "kl",
+    "finetune_train_rollout_tokens_per_second": "rollout_tokens_per_second",
 }
+# GRPO: one series per reward function, its name in the reward label (as many as a job may name, names as it may)
+REWARD_FUNCTIONS = "finetune_train_reward_function_mean"
+REWARD_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,39}$")
+MAX_REWARD_FUNCTIONS = 16
 # What the run trains with, from the labels of this always-1 series (the trainer's auto settled): the values each
 # label may hold (the fields of the same names), and the reason (acceleration_reason)
 CHOICE_INFO = "finetune_train_choice_info"
@@ -55,7 +64,7 @@ SET_ONCE = {
     "model_seconds",
 }
 INTEGER_FIELDS = {"step", "total_steps", "eta_seconds", "last_checkpoint_step", "restarts_in_place"}
-PER_NODE_RATES = {"samples_per_second", "tokens_per_second"}
+PER_NODE_RATES = {"samples_per_second", "tokens_per_second", "rollout_tokens_per_second"}
 
 
 def human_duration(seconds: float) -> str:
@@ -83,7 +92,11 @@ def _ours(text: str) -> str:
     keep = []
     for line in text.splitlines():
         name = line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line
-        if name.startswith("finetune_") and name.split("{", 1)[0].split(" ", 1)[0] in (*GAUGES, CHOICE_INFO):
+        if name.startswith("finetune_") and name.split("{", 1)[0].split(" ", 1)[0] in (
+            *GAUGES,
+            CHOICE_INFO,
+            REWARD_FUNCTIONS,
+        ):
             keep.append(line)
     return "\n".join(keep) + "\n"
 
@@ -98,13 +111,27 @@ def _choice(labels: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _reward_means(samples: list[Any], into: dict[str, float]) -> None:
+    """Each reward function's mean by its name: well-formed names and finite values only, as many as a job may
+    name (a page may split the family: ``into`` gathers every part)."""
+    for sample in samples:
+        name, value = sample.labels.get("reward", ""), float(sample.value)
+        well_formed = REWARD_NAME_RE.match(name) and math.isfinite(value) and abs(value) <= MAX_FLOAT
+        if well_formed and len(into) < MAX_REWARD_FUNCTIONS:
+            into[name] = round(value, 4)
+
+
 def parse_metrics(text: str, *, nodes: int) -> Progress | None:
     """The progress fields found in a trainer's /metrics page (missing, NaN or out-of-range values are left out); None
     before the trainer's training loop has started."""
     out: dict[str, Any] = {}
+    means: dict[str, float] = {}
     for family in text_string_to_metric_families(_ours(text)):
         if family.name == CHOICE_INFO and family.samples:
             out.update(_choice(family.samples[0].labels))
+            continue
+        if family.name == REWARD_FUNCTIONS:
+            _reward_means(family.samples, means)
             continue
         field = GAUGES.get(family.name)
         if field is None or not family.samples:
@@ -124,6 +151,8 @@ def parse_metrics(text: str, *, nodes: int) -> Progress | None:
             out[field] = float(f"{value:.4g}")
             continue
         out[field] = int(value) if field in INTEGER_FIELDS else round(value, 4)
+    if means:
+        out["reward_means"] = dict(sorted(means.items()))
     if not out.get("total_steps"):
         # The trainer has not started its training loop yet: no progress to report, but the checkpoint it resumes
         # from (saved as the attempt before it stopped, which no scrape of that attempt saw).

@@ -84,6 +84,10 @@ def progress_line(progress: dict[str, Any] | None) -> str:
         parts.append(f"loss {progress['loss']:.4g}")
     if progress.get("evalLoss") is not None:
         parts.append(f"eval loss {progress['evalLoss']:.4g}")
+    if progress.get("rewardMean") is not None:
+        means = progress.get("rewardMeans") or {}
+        each = f" ({', '.join(f'{k} {v:.3g}' for k, v in means.items())})" if means else ""
+        parts.append(f"reward {progress['rewardMean']:.4g}{each}")
     if progress.get("eta"):
         parts.append(f"ETA {progress['eta']}")
     return ", ".join(parts)
@@ -152,6 +156,7 @@ def curve_rows(history: dict[str, Any] | None) -> list[tuple[str, str]]:
         ("Eval loss", "eval_loss", "{:.4g}"),
         ("Samples/s", "samples_per_second", "{:g}"),
         ("LR", "learning_rate", "{:.3g}"),
+        ("Reward", "reward", "{:.4g}"),
     )
     for label, name, fmt in labels:
         have = found[name]

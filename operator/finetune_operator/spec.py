@@ -16,7 +16,11 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-TASKS = ("sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo")
+from finetune_operator.grpo import Grpo
+from finetune_operator.grpo import parse as parse_grpo
+from finetune_operator.grpo import problems as grpo_problems
+
+TASKS = ("sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo", "grpo")
 KERNELS = ("auto", "liger", "none")
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "robust", "bco_pair", "sppo_hard", "nca_pair", "apo_zero", "apo_down")
 ACCELERATIONS = ("auto", "ort", "compile", "none")
@@ -260,6 +264,7 @@ class Training:
     sharding: str = "none"  # "fsdp"
     activation_checkpointing: bool = False
     dpo: Dpo | None = None  # task dpo (defaults filled in there)
+    grpo: Grpo | None = None  # task grpo (defaults filled in there; finetune_operator.grpo)
     kernels: str = "auto"  # "liger" (GPU only), "none", or "auto": where the trainer's auto table measured it faster
     global_batch_size: int | None = None  # an elastic job's, as asked at spec.nodes (elastic.sized); None: not elastic
 
@@ -565,6 +570,20 @@ def _preference(dataset: Dataset, training: Training, errors: _Errors) -> tuple[
     return dataset, replace(training, dpo=training.dpo or Dpo())
 
 
+def _prompts(dataset: Dataset, training: Training, errors: _Errors) -> tuple[Dataset, Training]:
+    """Task grpo: a prompt column (named prompt unless set) and the columns its rewards read; the model writes the
+    completions, so chat and completion columns are another task's."""
+    for key, value in (("messagesField", dataset.messages_field), ("completionField", dataset.completion_field)):
+        if value:
+            errors.add(
+                f"spec.dataset.{key}",
+                "task grpo reads prompts (spec.dataset.promptField) and generates the completions; remove it",
+            )
+    return replace(dataset, prompt_field=dataset.prompt_field or "prompt"), replace(
+        training, grpo=training.grpo or Grpo()
+    )
+
+
 def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
     num, f = errors.number, "spec.training"
     ev = errors.section(t, "evaluation", f"{f}.evaluation")
@@ -597,6 +616,9 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
         if loss_type not in DPO_LOSS_TYPES:
             errors.add(f"{f}.dpo.lossType", f"must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
         dpo = Dpo(beta=beta if beta is not None else 0.1, loss_type=loss_type)
+    grpo = None
+    if t.get("grpo") is not None:
+        grpo = parse_grpo(errors.section(t, "grpo", f"{f}.grpo"), errors.add)
     training = Training(
         epochs=num(t, "epochs", f"{f}.epochs", None, float),
         max_steps=num(t, "maxSteps", f"{f}.maxSteps", None, int),
@@ -619,6 +641,7 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
         sharding=_get(t, "sharding", "none"),
         activation_checkpointing=errors.flag(t, "activationCheckpointing", f"{f}.activationCheckpointing"),
         dpo=dpo,
+        grpo=grpo,
         kernels=_get(t, "kernels", "auto"),
     )
     if training.kernels not in KERNELS:
@@ -743,14 +766,18 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
     task = _get(spec, "task", "sequence-classification")
     if task == "dpo":
         dataset, training = _preference(dataset, training, errors)
+    if task == "grpo":
+        dataset, training = _prompts(dataset, training, errors)
     for key, value in (("messagesField", dataset.messages_field), ("promptField", dataset.prompt_field)):
-        if value and task not in ("causal-lm", "dpo"):
+        if value and task not in ("causal-lm", "dpo", "grpo"):
             errors.add(f"spec.dataset.{key}", f"chat and prompt/completion data are for task causal-lm, not {task}")
     for key, value in (("chosenField", dataset.chosen_field), ("rejectedField", dataset.rejected_field)):
         if value and task != "dpo":
             errors.add(f"spec.dataset.{key}", f"preference pairs (chosen/rejected) are for task dpo, not {task}")
     if training.dpo is not None and task != "dpo":
         errors.add("spec.training.dpo", f"is for task dpo, not {task}; remove it or set spec.task: dpo")
+    if training.grpo is not None and task != "grpo":
+        errors.add("spec.training.grpo", f"is for task grpo, not {task}; remove it or set spec.task: grpo")
     if training.packing and task != "causal-lm":
         errors.add("spec.training.packing", f"packing is for task causal-lm, not {task}")
     if training.evaluation.strategy != "no" and dataset.eval_split is None:
@@ -956,6 +983,9 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
             "spec.podDisruptionBudget.enabled",
         ),
     )
+    if task == "grpo":
+        for field_path, message in grpo_problems(job_spec):
+            errors.add(field_path, message)
     check_extra_args(job_spec, errors)
     errors.raise_any()
     return job_spec
@@ -1061,8 +1091,9 @@ def check_extra_args(spec: JobSpec, errors: _Errors) -> None:
         f"the {'ONNX Runtime' if spec.acceleration == 'ort' else 'default'} trainer image (transformers "
         f"{stack['transformers']})"
     )
-    # TRL's DPOConfig (task dpo) and SFTConfig (chat, prompt/completion or packed data) add fields of their own
-    trl = "dpo" if spec.task == "dpo" else "sft" if spec.task == "causal-lm" and _sft(spec) else None
+    # TRL's DPOConfig (task dpo), GRPOConfig (task grpo) and SFTConfig (chat, prompt/completion or packed data) add
+    # fields of their own
+    trl = spec.task if spec.task in ("dpo", "grpo") else "sft" if spec.task == "causal-lm" and _sft(spec) else None
     names = {**stack["fields"], **(stack.get("trlFields", {}).get(trl, {}) if trl else {})}
     for key, value in spec.training.extra_args.items():
         field_path = f"spec.training.extraArgs.{key}"

@@ -84,6 +84,11 @@ class Progress:
     eval_f1: float | None = None
     reward_accuracy: float | None = None  # dpo
     reward_margin: float | None = None  # dpo
+    reward_mean: float | None = None  # grpo: the weighted sum of the rewards, and each function's own mean
+    reward_means: dict[str, float] | None = None
+    completion_length: float | None = None  # grpo
+    kl: float | None = None  # grpo with beta > 0
+    rollout_tokens_per_second: float | None = None  # grpo: completion tokens generated per second of generation
     steps_lost_to_restarts: int | None = None
     time_to_first_step_seconds: float | None = None
     warmup_seconds: float | None = None

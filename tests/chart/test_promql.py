@@ -33,6 +33,7 @@ GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m",
 # Label names queries may group or join by: ours, and the target labels Prometheus/kube-state-metrics add.
 ALLOWED_LABELS = (
     metric_names.TRAINER_LABELS
+    | metric_names.TRAINER_REWARD_LABELS
     | metric_names.OPERATOR_LABELS
     | {"namespace", "pod", "le"}  # Prometheus target labels, histogram buckets
     | {"phase", "owner_kind", "owner_name"}  # kube-state-metrics

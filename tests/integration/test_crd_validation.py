@@ -74,6 +74,27 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("dpo-with-ort", make_job("x").set("task", "dpo").set("acceleration", "ort").build(), "spec.acceleration"),
     (
+        "grpo-with-completion-column",
+        make_job("x").set("task", "grpo").set("dataset.promptField", "p").set("dataset.completionField", "c").build(),
+        "spec.dataset",
+    ),
+    (
+        "grpo-settings-on-causal-lm",
+        make_job("x").set("task", "causal-lm").set("training.grpo", {"numGenerations": 4}).build(),
+        "spec.training.grpo",
+    ),
+    ("grpo-with-ort", make_job("x").set("task", "grpo").set("acceleration", "ort").build(), "spec.acceleration"),
+    (
+        "grpo-one-generation",
+        make_job("x").set("task", "grpo").set("training.grpo", {"numGenerations": 1}).build(),
+        "spec.training.grpo.numGenerations",
+    ),
+    (
+        "grpo-unknown-reward",
+        make_job("x").set("task", "grpo").set("training.grpo", {"rewards": [{"type": "bleu"}]}).build(),
+        "spec.training.grpo.rewards[0].type",
+    ),
+    (
         "liger-without-gpu",
         make_job("x").set("task", "causal-lm").set("training.kernels", "liger").build(),
         "spec.training.kernels",

@@ -76,7 +76,7 @@ def submit(rc: RealCluster, namespace: str, manifest: Path) -> tuple[subprocess.
     return r, wide
 
 
-@pytest.mark.parametrize("example", ["tiny-job.yaml", "tiny-chat-job.yaml", "tiny-dpo-job.yaml"])
+@pytest.mark.parametrize("example", ["tiny-job.yaml", "tiny-chat-job.yaml", "tiny-dpo-job.yaml", "tiny-grpo-job.yaml"])
 def test_a_two_node_example_trains_to_success_across_real_nodes(
     real_cluster: RealCluster, chart_operator: str, namespace: str, example: str
 ) -> None:
@@ -146,6 +146,17 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(
         assert result["dpo"]["pairs"] == "conversational" and rewards, result["dpo"]
         assert sum(r["margin"] for r in rewards) > 0, rewards
         assert st["progress"].get("rewardAccuracy") is not None, st["progress"]  # scraped from rank 0's page
+    if example == "tiny-grpo-job.yaml":  # TRL's GRPOTrainer: the mean reward rises from a random policy's
+        history = result["grpo"]["history"]
+        assert len(history) >= 6 and set(history[0]["rewards"]) == {"format", "correct"}, result["grpo"]
+        assert sum(h["reward"] for h in history[-3:]) / 3 > history[0]["reward"] + 0.5, history
+        assert result["grpo"]["rollout_tokens_per_second"] > 0, result["grpo"]
+        progress = st["progress"]  # scraped from rank 0's page: the sum and each reward by its name
+        assert progress.get("rewardMean") is not None and set(progress.get("rewardMeans") or {}) == {
+            "format",
+            "correct",
+        }, progress
+        assert page["curves"]["reward"], page["curves"]  # the web view's reward chart has points
 
 
 def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_template(

@@ -31,13 +31,14 @@ def test_the_gpu_check_runs_every_row_at_toy_sizes(tmp_path: Path) -> None:
     assert "acceleration none (auto: no option faster than eager measured for causal-lm on cpu)" in summary, summary
     assert "mid-run gauges" in summary and "'launcher_seconds'" in summary, summary
     # the rows of one process, in order, each with its figures or the refusal a CPU must give
-    rows = ["kernels-none", "liger", "llama8b-lora", "dpo", "qlora", "fsdp"]
+    rows = ["kernels-none", "liger", "llama8b-lora", "dpo", "grpo", "qlora", "fsdp"]
     assert [name for name in lines if name in rows] == rows, summary
     for refused, field in (("liger", "training.kernels"), ("qlora", "training.lora.quantization")):
         assert f"exit 78 on CPU, refused by the trainer naming {field}" in lines[refused], lines[refused]
     assert "adapter lora" in lines["llama8b-lora"] and "rewards" in lines["dpo"], summary
+    assert "completion tokens/s" in lines["grpo"] and "adapter lora" in lines["grpo"], lines["grpo"]
     assert "sharded checkpoint True" in lines["fsdp"], lines["fsdp"]
-    assert "rows: 6 in" in summary and ", 0 failed" in summary, summary
+    assert "rows: 7 in" in summary and ", 0 failed" in summary, summary
     assert "forked from this process" in summary, summary
     # the BERT bench, with its table
     assert "| eager | sdpa |" in summary and "| compile | sdpa |" in summary, summary

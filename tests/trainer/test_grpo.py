@@ -105,6 +105,20 @@ def test_a_bad_grpo_setting_is_refused_naming_the_field(tmp_path: Path, grpo: di
     assert refused.value.field == field, refused.value
 
 
+@pytest.mark.parametrize(
+    ("training", "field"),
+    [({"sharding": "fsdp"}, "training.sharding"), ({"packing": True}, "training.packing")],
+    ids=["fsdp", "packing"],
+)
+def test_a_training_setting_grpo_cannot_run_is_refused(tmp_path: Path, training: dict[str, Any], field: str) -> None:
+    from finetune_trainer.config import parse_config
+    from finetune_trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(grpo_config(tmp_path / "out", training=training))
+    assert refused.value.field == field, refused.value
+
+
 def test_a_reward_column_missing_from_the_data_is_refused(tmp_path: Path) -> None:
     cfg = grpo_config(tmp_path / "out")
     cfg["training"]["grpo"]["rewards"] = [{"type": "numericMatch", "column": "score"}]

@@ -100,7 +100,7 @@ def test_every_builder_output_parses_in_the_trainer(name: str, raw: dict[str, An
     )
     d = spec.dataset
     sft = "chat" if d.messages_field else "prompt-completion" if d.prompt_field else None
-    assert cfg.dataset.sft_format == (None if spec.task == "dpo" else sft)
+    assert cfg.dataset.sft_format == (None if spec.task in ("dpo", "grpo") else sft)
     if spec.task == "dpo":  # the columns (named prompt, chosen, rejected unless set) and beta / loss type arrive
         assert t.dpo is not None
         assert (cfg.dataset.prompt_field, cfg.dataset.chosen_field, cfg.dataset.rejected_field) == (
@@ -110,6 +110,19 @@ def test_every_builder_output_parses_in_the_trainer(name: str, raw: dict[str, An
         )
         assert None not in (d.prompt_field, d.chosen_field, d.rejected_field)
         assert (ct.dpo.beta, ct.dpo.loss_type) == (t.dpo.beta, t.dpo.loss_type)
+    if spec.task == "grpo":  # the prompt column (prompt unless set), the settings and every reward arrive
+        assert t.grpo is not None and cfg.dataset.prompt_field == d.prompt_field
+        g = ct.grpo
+        assert (g.num_generations, g.max_completion_length, g.temperature, g.loss_type, g.beta) == (
+            t.grpo.num_generations,
+            t.grpo.max_completion_length,
+            t.grpo.temperature,
+            t.grpo.loss_type,
+            t.grpo.beta,
+        )
+        assert [(r.type, r.name, r.weight, r.column, r.pattern) for r in g.rewards] == [
+            (r["type"], r["name"], r["weight"], r.get("column"), r.get("pattern")) for r in t.grpo.rewards
+        ]
     assert (cfg.dataset.name, cfg.dataset.path, cfg.dataset.split, cfg.dataset.eval_split) == (
         d.name,
         d.path,

@@ -1235,15 +1235,8 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
     from finetune_operator.status import Condition, Elastic, Status
 
     schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    sample = {int: 7, float: 1.5, str: "x"}
-    progress = Progress(
-        **{
-            f.name: NOW
-            if f.name == "update_time"
-            else sample[{"int | None": int, "float | None": float, "str | None": str}[str(f.type)]]
-            for f in fields(Progress)
-        }
-    )
+    sample = {"int | None": 7, "float | None": 1.5, "str | None": "x", "dict[str, float] | None": {"format": 0.5}}
+    progress = Progress(**{f.name: NOW if f.name == "update_time" else sample[str(f.type)] for f in fields(Progress)})
     full = Status(
         state="Running",
         observed_generation=3,
@@ -1262,7 +1255,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
         gpu_seconds_used=10.0,
         gpu_seconds_lost=1.0,
         progress=progress,
-        history=History((TrainPoint(1, 5, 2.5, 10.0, 2e-5),), (EvalPoint(1, 5, 1.25),)),
+        history=History((TrainPoint(1, 5, 2.5, 10.0, 2e-5, 0.75),), (EvalPoint(1, 5, 1.25),)),
         failure=Failure("TrainingError", "exit code 1", rank=1, attempt=0, exit_code=1, pod_name="ft-node-1"),
         conditions=[Condition("Running", True, "AllRanksRunning", "ok", NOW, 3)],
         runtime={
@@ -1391,3 +1384,46 @@ def test_env_that_points_code_caches_at_a_tenant_volume_is_refused_where_images_
     assert plan.status.failure is not None and plan.status.failure.reason == "InvalidSpec"
     assert f"spec.env[0].name: {name} would load code from outside the image" in plan.status.failure.message
     assert decided(job(**over), [], settings=Settings()).status.state == "Created"
+
+
+def test_a_grpo_runs_rewards_reach_progress_and_its_curve_well_formed_only() -> None:
+    """GRPO's series (the trainer's own exporter, fed its callback's log) become status.progress fields and the
+    history's reward curve; the rollout rate is the job's (all nodes); a page naming rewards the status cannot hold
+    (a bad name, too many, a non-finite value) leaves only what the schema holds."""
+    from finetune_operator.history import record, series
+    from finetune_operator.progress import MAX_REWARD_FUNCTIONS, parse_metrics
+    from finetune_trainer.metrics import BatchCounter, MetricsCallback, TrainerMetrics
+    from prometheus_client import generate_latest
+
+    crd = yaml.safe_load((ROOT / "crds" / "finetune.dev_finetunejobs.yaml").read_text())
+    progress = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
+    assert progress["properties"]["rewardMeans"]["maxProperties"] == MAX_REWARD_FUNCTIONS
+    m = TrainerMetrics(namespace="ns", job="ft", node_rank=0, rollouts=True)
+    m.total_steps.set(10)
+    m.step.set(4)
+    cb = MetricsCallback(m, BatchCounter(None), nproc_per_node=1, launch_time=0.0, params=1, peak_flops_per_device=1.0)
+    logs = {"reward": 1.25, "reward_std": 0.5, "rewards/format/mean": 1.0, "rewards/right/mean": 0.25}
+    cb.on_log(None, type("State", (), {"global_step": 4})(), None, logs={**logs, "completions/mean_length": 3.0})
+    m.rollout_tokens_per_second.set(120.0)
+    p = parse_metrics(generate_latest(m.registry).decode(), nodes=2)
+    assert p is not None and (p.reward_mean, p.completion_length, p.kl) == (1.25, 3.0, None)
+    assert p.reward_means == {"format": 1.0, "right": 0.25} and p.rollout_tokens_per_second == 240.0
+    assert p.to_wire()["rewardMeans"] == {"format": 1.0, "right": 0.25}
+    assert cb.grpo_history == [
+        {
+            "step": 4,
+            "reward": 1.25,
+            "reward_std": 0.5,
+            "completion_length": 3.0,
+            "rewards": {"format": 1.0, "right": 0.25},
+        }
+    ]
+    assert series(record(None, p, attempt=0).to_wire())["reward"] == [(0, 4, 1.25)]
+    hostile = "finetune_train_total_steps 10\nfinetune_train_reward_mean 1\n" + "".join(
+        f'finetune_train_reward_function_mean{{reward="{name}"}} {value}\n'
+        for name, value in [("ok", "0.5"), ("\x1b[2J", "1"), ("nan-one", "NaN"), ("huge", "1e300")]
+        + [(f"r{i:02d}", "1") for i in range(40)]
+    )
+    p = parse_metrics(hostile, nodes=1)
+    assert p is not None and p.reward_means is not None and len(p.reward_means) == MAX_REWARD_FUNCTIONS
+    assert "ok" in p.reward_means and not {"\x1b[2J", "nan-one", "huge"} & set(p.reward_means)

@@ -228,6 +228,106 @@ def test_task_dpo_mistakes_name_their_field(over: dict[str, Any], field: str, wo
     assert all(w in found[field] for w in words), found[field]
 
 
+GRPO_REWARDS = [{"type": "regex", "pattern": "^(yes|no)$"}, {"type": "exactMatch", "name": "right", "column": "answer"}]
+
+
+def grpo(**training: Any) -> dict[str, Any]:
+    return {"maxSteps": 5, "perDeviceBatchSize": 4, **training}
+
+
+def test_task_grpo_defaults_its_column_and_settings_and_writes_them_for_the_trainer() -> None:
+    from finetune_operator.grpo import Grpo
+
+    spec = parse_spec(base_spec(task="grpo", training=grpo(grpo={"rewards": GRPO_REWARDS})))
+    assert spec.dataset.prompt_field == "prompt"
+    g = spec.training.grpo
+    assert g is not None and (g.num_generations, g.max_completion_length, g.loss_type, g.beta) == (4, 64, "dapo", 0)
+    assert [r["name"] for r in g.rewards] == ["regex-0", "right"] and g.rewards[0]["weight"] == 1.0
+    assert Grpo().config()["rewards"] == [] and parse_spec(base_spec()).training.grpo is None
+
+
+@pytest.mark.parametrize(
+    ("over", "field", "words"),
+    [
+        ({"training": grpo()}, "spec.training.grpo.rewards", ["at least one reward"]),
+        ({"training": grpo(grpo={"rewards": [{"type": "regex"}]})}, "spec.training.grpo.rewards[0].pattern", ["needs"]),
+        (
+            {"training": grpo(grpo={"rewards": [{"type": "regex", "pattern": "(a"}]})},
+            "spec.training.grpo.rewards[0].pattern",
+            ["regular expression"],
+        ),
+        (
+            {"training": grpo(grpo={"rewards": [{"type": "python", "function": "os.system('x')"}]})},
+            "spec.training.grpo.rewards[0].function",
+            ["package.module:function"],
+        ),
+        ({"training": grpo(grpo={"rewards": [{"type": "bleu"}]})}, "spec.training.grpo.rewards[0].type", ["regex"]),
+        (
+            {"training": grpo(grpo={"rewards": [*GRPO_REWARDS, {"type": "length", "name": "right", "maxTokens": 9}]})},
+            "spec.training.grpo.rewards[2].name",
+            ["twice"],
+        ),
+        (
+            {"training": grpo(grpo={"numGenerations": 3, "rewards": GRPO_REWARDS})},
+            "spec.training.grpo.numGenerations",
+            ["4 completions", "groups of 3"],
+        ),
+        (
+            {"training": grpo(grpo={"lossType": "ppo", "rewards": GRPO_REWARDS})},
+            "spec.training.grpo.lossType",
+            ["dapo", "'ppo'"],
+        ),
+        (
+            {"training": grpo(grpo={"rewards": GRPO_REWARDS}), "nodes": 2, "elastic": {"minNodes": 1}},
+            "spec.elastic",
+            ["does not resize"],
+        ),
+        (
+            {"training": grpo(grpo={"rewards": GRPO_REWARDS}), "dataset": {"path": "/d", "evalSplit": "eval"}},
+            "spec.dataset.evalSplit",
+            ["grpo"],
+        ),
+        ({"training": grpo(grpo={"rewards": GRPO_REWARDS}), "acceleration": "ort"}, "spec.acceleration", ["grpo"]),
+        (
+            {
+                "training": grpo(grpo={"beta": 0.04, "rewards": GRPO_REWARDS}),
+                "model": {"path": "/m", "initFromConfig": True},
+            },
+            "spec.training.grpo.beta",
+            ["reference model"],
+        ),
+        (
+            {"training": grpo(grpo={"rewards": GRPO_REWARDS}), "dataset": {"path": "/d", "completionField": "c"}},
+            "spec.dataset.completionField",
+            ["generates"],
+        ),
+        ({"task": "causal-lm", "training": grpo(grpo={"rewards": GRPO_REWARDS})}, "spec.training.grpo", ["task grpo"]),
+        ({"training": grpo(sharding="fsdp", grpo={"rewards": GRPO_REWARDS})}, "spec.training.sharding", ["DDP"]),
+    ],
+    ids=[
+        "no-reward",
+        "regex-without-pattern",
+        "bad-pattern",
+        "python-not-a-name",
+        "unknown-kind",
+        "duplicate-name",
+        "partial-groups",
+        "loss-type",
+        "elastic",
+        "evaluation",
+        "ort",
+        "beta-without-weights",
+        "completion-column",
+        "grpo-on-causal-lm",
+        "fsdp",
+    ],
+)
+def test_task_grpo_mistakes_name_their_field(over: dict[str, Any], field: str, words: list[str]) -> None:
+    found = errors_of(base_spec(**{"task": "grpo", **over}))
+    assert field in found, found
+    assert all(w in found[field] for w in words), found[field]
+
+
 def test_a_job_cannot_turn_the_node_role_back_on_through_its_env() -> None:
     """The operator sets AWS_EC2_METADATA_DISABLED unless spec.output.s3.allowInstanceMetadata opts in; a job's own
     value would override it (the node's IAM role, shared by every job on the node)."""

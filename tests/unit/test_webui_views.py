@@ -48,7 +48,13 @@ def test_curves_are_series_of_attempt_step_value_and_skip_missing_values() -> No
     assert c["loss"] == [(0, 10, 2.0), (0, 20, 1.5), (1, 15, 1.6), (1, 30, 1.1)]
     assert c["learning_rate"] == [(0, 10, 1e-4), (1, 15, 8e-5)]
     assert c["eval_loss"] == [(0, 20, 1.7), (1, 30, 1.2)]
-    assert client.curves(None) == {"loss": [], "samples_per_second": [], "learning_rate": [], "eval_loss": []}
+    assert client.curves(None) == {
+        "loss": [],
+        "samples_per_second": [],
+        "learning_rate": [],
+        "eval_loss": [],
+        "reward": [],
+    }
 
 
 def test_each_later_attempt_is_marked_where_it_starts() -> None:

@@ -121,6 +121,10 @@
       { name: "samples/s", color: "#1a7f37", points: c.samples_per_second }] });
     window.FinetuneChart.draw(charts, { title: "Learning rate", marks, series: [
       { name: "learning rate", color: "#8250df", points: c.learning_rate }] });
+    if (c.reward && c.reward.length) {  // grpo: the mean of the weighted rewards
+      window.FinetuneChart.draw(charts, { title: "Reward", marks, series: [
+        { name: "mean reward", color: "#bf8700", points: c.reward }] });
+    }
     stamp();
     document.body.dataset.ready = "job";
   }

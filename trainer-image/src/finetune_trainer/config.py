@@ -374,16 +374,6 @@ def _grpo(g: dict[str, Any]) -> GrpoConfig:
     )
 
 
-# what each reward kind needs: its field and the config attribute holding it
-REWARD_NEEDS = {
-    "exactMatch": ("column", "column"),
-    "numericMatch": ("column", "column"),
-    "regex": ("pattern", "pattern"),
-    "length": ("maxTokens", "max_tokens"),
-    "python": ("function", "function"),
-}
-
-
 def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
     """The cross-field rules of task grpo that the schema cannot say (the operator enforces the same before any pod)."""
     g = training.grpo
@@ -392,10 +382,13 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
             "training.grpo.rewards", "task grpo needs at least one reward; set spec.training.grpo.rewards"
         )
     names = set()
+    # what each kind needs besides its type (the contract's x-requires, which the operator reads too)
+    needs = schema()["properties"]["training"]["properties"]["grpo"]["properties"]["rewards"]["items"]["x-requires"]
+    attrs = {"column": "column", "pattern": "pattern", "maxTokens": "max_tokens", "function": "function"}
     for i, r in enumerate(g.rewards):
         where = f"training.grpo.rewards[{i}]"
-        key, attr = REWARD_NEEDS[r.type]
-        if getattr(r, attr) in (None, ""):
+        key = needs[r.type]
+        if getattr(r, attrs[key]) in (None, ""):
             raise ConfigError(f"{where}.{key}", f"a {r.type} reward needs {key}; set spec.{where}.{key}")
         if r.name in names:
             raise ConfigError(f"{where}.name", f"reward name {r.name!r} is used twice; give each reward its own name")
@@ -414,6 +407,10 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
     if dataset.eval_split:
         raise ConfigError(
             "dataset.evalSplit", "task grpo does not evaluate during training yet; remove spec.dataset.evalSplit"
+        )
+    if training.sharding == "fsdp":
+        raise ConfigError(
+            "training.sharding", "task grpo trains with DDP: generation under FSDP is not supported yet; remove it"
         )
 
 
