@@ -24,6 +24,8 @@ LOSS_TYPES: tuple[str, ...] = tuple(SETTINGS["lossType"]["enum"])
 REWARD_TYPES: tuple[str, ...] = tuple(REWARD["properties"]["type"]["enum"])
 MAX_REWARDS: int = SETTINGS["rewards"]["maxItems"]
 NEEDS: dict[str, str] = REWARD["x-requires"]  # what each kind needs besides its type
+RESERVED_COLUMNS: tuple[str, ...] = tuple(REWARD["properties"]["column"]["x-reserved"])  # TRL's own reward arguments
+FIXED_ARGS: dict[str, str] = _SCHEMA["x-fixedArgs"]  # extraArgs task grpo sets itself, and why
 NAME_RE = re.compile(REWARD["properties"]["name"]["pattern"])
 FUNCTION_RE = re.compile(REWARD["properties"]["function"]["pattern"])
 
@@ -84,6 +86,12 @@ def _reward(r: Any, i: int, add: Add) -> dict[str, Any] | None:
     for key in ("column", "caseSensitive", "tolerance", "pattern", "maxTokens", "function"):
         if r.get(key) is not None:
             out[key] = r[key]
+    if r.get("column") in RESERVED_COLUMNS:
+        add(
+            f"{f}.column",
+            f"{r['column']!r} is a name TRL gives its own reward arguments ({', '.join(RESERVED_COLUMNS)}); rename "
+            "the column",
+        )
     if kind == "regex" and isinstance(r.get("pattern"), str):
         try:
             re.compile(r["pattern"])
@@ -149,6 +157,9 @@ def problems(spec: Any) -> list[tuple[str, str]]:
                 f"{per_step} completions, not a whole number of groups of {g.num_generations}; make it a multiple",
             )
         )
+    for key, why in FIXED_ARGS.items():
+        if key in t.extra_args:
+            found.append((f"spec.training.extraArgs.{key}", f"task grpo sets it itself: {why}; remove it"))
     if spec.elastic is not None:
         found.append(
             (

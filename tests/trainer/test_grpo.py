@@ -88,6 +88,7 @@ BAD = [
     ({"rewards": [{"type": "exactMatch"}]}, "training.grpo.rewards[0].column"),
     ({"rewards": [{"type": "python", "function": "os.path:join"}, {"type": "bogus"}]}, "training.grpo.rewards.1.type"),
     ({"numGenerations": 1, "rewards": REWARDS}, "training.grpo.numGenerations"),
+    ({"rewards": [{"type": "exactMatch", "column": "completions"}]}, "training.grpo.rewards[0].column"),
     ({"rewards": [{"type": "regex", "name": "a", "pattern": "x"}, {"type": "length", "name": "a", "maxTokens": 2}]},
      "training.grpo.rewards[1].name"),
 ]  # fmt: skip
@@ -107,8 +108,13 @@ def test_a_bad_grpo_setting_is_refused_naming_the_field(tmp_path: Path, grpo: di
 
 @pytest.mark.parametrize(
     ("training", "field"),
-    [({"sharding": "fsdp"}, "training.sharding"), ({"packing": True}, "training.packing")],
-    ids=["fsdp", "packing"],
+    [
+        ({"sharding": "fsdp"}, "training.sharding"),
+        ({"packing": True}, "training.packing"),
+        ({"extraArgs": {"steps_per_generation": 2}}, "training.extraArgs.steps_per_generation"),
+        ({"extraArgs": {"trust_remote_code": True}}, "training.extraArgs.trust_remote_code"),
+    ],
+    ids=["fsdp", "packing", "steps-per-generation", "remote-code"],
 )
 def test_a_training_setting_grpo_cannot_run_is_refused(tmp_path: Path, training: dict[str, Any], field: str) -> None:
     from finetune_trainer.config import parse_config
@@ -141,12 +147,38 @@ def test_a_python_reward_from_outside_the_image_exits_78(tmp_path: Path) -> None
     )
     assert node.wait(RUN_TIMEOUT) == 78, node.log()
     message = (node.termination() or {}).get("message", "")
-    assert "training.grpo.rewards[0].function" in message and "outside the image" in message, message
+    assert "training.grpo.rewards[0].function" in message and "not installed in this image" in message, message
 
     cfg = grpo_config(tmp_path / "out2", training={"perDeviceBatchSize": 3})
     node = Node(tmp_path / "b", cfg)
     assert node.wait(RUN_TIMEOUT) == 78, node.log()
     assert "training.grpo.numGenerations" in (node.termination() or {}).get("message", "")
+
+
+def test_finding_a_python_reward_runs_no_code_from_outside_the_image(tmp_path: Path, monkeypatch: Any) -> None:
+    """A package on a path a job could write to (the working directory is the first entry of sys.path under
+    ``python -m``) is never imported, not even its parent package's __init__ while the module is looked up; an
+    async function of the image stays async under the job's name (TRL awaits it)."""
+    import asyncio
+
+    from finetune_trainer import rewards
+    from finetune_trainer.config import Reward
+    from finetune_trainer.errors import ConfigError
+
+    marker = tmp_path / "ran"
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (tmp_path / "planted" / "scores.py").write_text("def score(prompts, completions, **kw):\n    return [1.0]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as refused:
+        rewards.python_function(Reward("python", "p", function="planted.scores:score"), "f")
+    assert not marker.exists() and "not installed in this image" in str(refused.value), refused.value
+
+    async def judged(prompts: list[Any], completions: list[Any], **kw: Any) -> list[float]:
+        return [0.5 for _ in completions]
+
+    wrapped = rewards._named(judged)
+    assert asyncio.iscoroutinefunction(wrapped) and asyncio.run(wrapped([], ["a"])) == [0.5]
 
 
 def test_built_in_rewards_score_by_hand() -> None:
@@ -163,6 +195,9 @@ def test_built_in_rewards_score_by_hand() -> None:
     assert folded([], completions, answer=refs) == [1.0, 0.0, 1.0, 0.0, 0.0]
     numeric = rewards.numeric_match(Reward("numericMatch", "n", column="answer", tolerance=0.01))
     assert numeric([], completions, answer=refs) == [0.0, 0.0, 0.0, 1.0, 0.0]
+    # the last number: a range's hyphen is no minus sign, commas group thousands only, GSM8K's "#### 72" is 72
+    said = ["from 2023-2024", "lists 1,2,3", "x = -3.5.", "so 1,000,000", "no"]
+    assert numeric([], said, answer=["2024", "3", "-3.5", "1000000", "#### 0"]) == [1.0, 1.0, 1.0, 1.0, 0.0]
     fmt = rewards.regex(Reward("regex", "r", pattern="^(positive|negative)$"))
     assert fmt([], completions) == [1.0, 1.0, 0.0, 0.0, 0.0]
     short = rewards.length(Reward("length", "l", max_tokens=4))

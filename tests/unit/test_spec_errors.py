@@ -303,6 +303,21 @@ def test_task_grpo_defaults_its_column_and_settings_and_writes_them_for_the_trai
         ),
         ({"task": "causal-lm", "training": grpo(grpo={"rewards": GRPO_REWARDS})}, "spec.training.grpo", ["task grpo"]),
         ({"training": grpo(sharding="fsdp", grpo={"rewards": GRPO_REWARDS})}, "spec.training.sharding", ["DDP"]),
+        (
+            {"training": grpo(grpo={"rewards": [{"type": "exactMatch", "column": "completions"}]})},
+            "spec.training.grpo.rewards[0].column",
+            ["TRL"],
+        ),
+        (
+            {"training": grpo(extraArgs={"num_iterations": 2}, grpo={"rewards": GRPO_REWARDS})},
+            "spec.training.extraArgs.num_iterations",
+            ["grpo sets it"],
+        ),
+        (
+            {"training": grpo(extraArgs={"trust_remote_code": True}, grpo={"rewards": GRPO_REWARDS})},
+            "spec.training.extraArgs.trust_remote_code",
+            ["spec.model.trustRemoteCode"],
+        ),
     ],
     ids=[
         "no-reward",
@@ -320,6 +335,9 @@ def test_task_grpo_defaults_its_column_and_settings_and_writes_them_for_the_trai
         "completion-column",
         "grpo-on-causal-lm",
         "fsdp",
+        "reserved-column",
+        "fixed-arg",
+        "remote-code-through-extra-args",
     ],
 )
 def test_task_grpo_mistakes_name_their_field(over: dict[str, Any], field: str, words: list[str]) -> None:

@@ -382,8 +382,11 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
             "training.grpo.rewards", "task grpo needs at least one reward; set spec.training.grpo.rewards"
         )
     names = set()
-    # what each kind needs besides its type (the contract's x-requires, which the operator reads too)
-    needs = schema()["properties"]["training"]["properties"]["grpo"]["properties"]["rewards"]["items"]["x-requires"]
+    grpo_schema = schema()["properties"]["training"]["properties"]["grpo"]
+    reward_schema = grpo_schema["properties"]["rewards"]["items"]
+    # what each kind needs besides its type, and the column names TRL keeps for itself (the contract's, which the
+    # operator reads too)
+    needs, reserved = reward_schema["x-requires"], reward_schema["properties"]["column"]["x-reserved"]
     attrs = {"column": "column", "pattern": "pattern", "maxTokens": "max_tokens", "function": "function"}
     for i, r in enumerate(g.rewards):
         where = f"training.grpo.rewards[{i}]"
@@ -395,6 +398,11 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
         names.add(r.name)
         if r.column is not None and r.column == dataset.prompt_field:
             raise ConfigError(f"{where}.column", f"{r.column!r} is the prompt column; name the reference answer's")
+        if r.column in reserved:
+            raise ConfigError(
+                f"{where}.column",
+                f"{r.column!r} is a name TRL gives its own reward arguments ({', '.join(reserved)}); rename the column",
+            )
         if r.pattern is not None:
             try:
                 re.compile(r.pattern)
@@ -404,6 +412,9 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
         raise ConfigError("training.grpo.numGenerations", "a group needs at least 2 completions per prompt")
     if training.packing:
         raise ConfigError("training.packing", "packing is for task causal-lm, not 'grpo'")
+    for key, why in grpo_schema["x-fixedArgs"].items():
+        if key in training.extra_args:
+            raise ConfigError(f"training.extraArgs.{key}", f"task grpo sets {key!r} itself: {why}; remove it")
     if dataset.eval_split:
         raise ConfigError(
             "dataset.evalSplit", "task grpo does not evaluate during training yet; remove spec.dataset.evalSplit"

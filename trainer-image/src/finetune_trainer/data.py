@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 from typing import Any
 
-from finetune_trainer.config import Config, DatasetConfig
+from finetune_trainer.config import Config, DatasetConfig, schema
 from finetune_trainer.errors import ConfigError
+
+log = logging.getLogger("finetune_trainer.data")
 
 
 def local_columns(ds: DatasetConfig, split: str) -> list[str]:
@@ -252,11 +255,17 @@ def _rendered_kind(config: Config, tokenizer: Any, kind: str | None, rows: str) 
 
 
 def prompt_dataset(config: Config, dataset: Any) -> Any:
-    """GRPO's prompts: the prompt column as TRL names it (prompt) and the columns the rewards read, nothing else."""
-    ds = config.dataset
-    references = sorted({r.column for r in config.training.grpo.rewards if r.column} - {"prompt"})
-    keep = dataset.select_columns(list(dict.fromkeys([str(ds.prompt_field), *references])))
-    return keep.rename_column(str(ds.prompt_field), "prompt") if ds.prompt_field != "prompt" else keep
+    """GRPO's prompts: the prompt column as TRL names it (prompt), and every other column, which TRL passes to each
+    reward by its name, but those named as TRL's own reward arguments (a column ``prompt`` beside another prompt
+    column, ``completions``, ...: dropped, and logged)."""
+    rewards = schema()["properties"]["training"]["properties"]["grpo"]["properties"]["rewards"]["items"]
+    reserved = set(rewards["properties"]["column"]["x-reserved"])
+    prompt = str(config.dataset.prompt_field)
+    dropped = [c for c in dataset.column_names if c in reserved and c != prompt]
+    if dropped:
+        log.info("dataset columns %s are names TRL gives its own reward arguments: not passed to the rewards", dropped)
+        dataset = dataset.remove_columns(dropped)
+    return dataset.rename_column(prompt, "prompt") if prompt != "prompt" else dataset
 
 
 def check_prompt_rows(config: Config, dataset: Any, tokenizer: Any, split: str) -> str:

@@ -21,18 +21,23 @@ A conversational completion (a list of messages) is scored on its last message's
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import inspect
 import math
 import os
 import re
+import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from finetune_trainer.config import Config, Reward
 from finetune_trainer.errors import ConfigError
 
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+# A number: a minus sign only where it cannot be a range's or a word's hyphen ("2023-2024" ends with 2024), commas
+# only as thousands separators ("1,204" is 1204; "1,2,3" ends with 3), never starting inside another number
+NUMBER = re.compile(r"(?:(?<![\w.])-)?(?<![\d.])(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
 
 
 def completion_text(completion: Any) -> str:
@@ -111,15 +116,37 @@ def image_roots() -> list[str]:
     return sorted(os.path.realpath(p) for p in roots)
 
 
+def _inside(path: str, roots: list[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == root or real.startswith(root + os.sep) for root in roots)
+
+
+@contextlib.contextmanager
+def _image_path_only() -> Iterator[None]:
+    """While the block runs, imports search only the image's own directories: not the working directory (the first
+    entry of ``sys.path`` under ``python -m``, a writable emptyDir in the pod) nor anything else a job could write to,
+    so finding a reward's module (which imports its parent packages) runs no code from outside the image."""
+    saved, roots = sys.path[:], image_roots()
+    sys.path[:] = [p for p in saved if p and _inside(p, roots)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 def _module_in_image(module: str, field: str) -> None:
+    missing = (
+        f"module {module!r} is not installed in this image (only the image's own packages are searched: not a volume, "
+        "PYTHONPATH or the working directory); build an image that installs it"
+    )
     try:
         spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as e:
-        raise ConfigError(field, f"module {module!r} cannot be found in this image: {e}") from None
+    except (ImportError, ValueError):
+        raise ConfigError(field, missing) from None
     if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
-        raise ConfigError(field, f"module {module!r} is not installed in this image; build an image that installs it")
+        raise ConfigError(field, missing)
     origin = os.path.realpath(spec.origin)
-    if not any(origin.startswith(root + os.sep) for root in image_roots()):
+    if not _inside(origin, image_roots()):
         raise ConfigError(
             field,
             f"module {module!r} is loaded from {origin}, outside the image's installed packages; reward functions "
@@ -129,11 +156,12 @@ def _module_in_image(module: str, field: str) -> None:
 
 def python_function(r: Reward, field: str) -> Callable[..., list[float]]:
     module, _, attr = str(r.function).partition(":")
-    _module_in_image(module, field)
-    try:
-        loaded = importlib.import_module(module)
-    except Exception as e:  # the module's own import failed: a broken image
-        raise ConfigError(field, f"importing {module!r} failed: {type(e).__name__}: {e}") from None
+    with _image_path_only():
+        _module_in_image(module, field)
+        try:
+            loaded = importlib.import_module(module)
+        except Exception as e:  # the module's own import failed: a broken image
+            raise ConfigError(field, f"importing {module!r} failed: {type(e).__name__}: {e}") from None
     fn = getattr(loaded, attr, None)
     if not callable(fn):
         raise ConfigError(field, f"{module!r} has no function {attr!r}")
@@ -148,17 +176,26 @@ def functions(config: Config) -> list[Callable[..., list[float]]]:
     out = []
     for i, r in enumerate(config.training.grpo.rewards):
         field = f"training.grpo.rewards[{i}].function"
-        if r.type == "python":
-            found = python_function(r, field)
-
-            def fn(*args: Any, _found: Callable[..., list[float]] = found, **kwargs: Any) -> list[float]:
-                return _found(*args, **kwargs)  # the image's function under the job's name for it
-
-        else:
-            fn = BUILT_IN[r.type](r)
+        fn = _named(python_function(r, field)) if r.type == "python" else BUILT_IN[r.type](r)
         fn.__name__ = r.name
         out.append(fn)
     return out
+
+
+def _named(found: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapper the job's name can be given (the image's function keeps its own), async where the function is (TRL
+    awaits those)."""
+    if inspect.iscoroutinefunction(found):
+
+        async def call_async(*args: Any, **kwargs: Any) -> Any:
+            return await found(*args, **kwargs)
+
+        return call_async
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return found(*args, **kwargs)
+
+    return call
 
 
 def check(config: Config, *, world_size: int) -> None:

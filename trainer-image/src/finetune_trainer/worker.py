@@ -119,6 +119,10 @@ def build_training_args(
             "loss_type": g.loss_type,
             "beta": g.beta,
             "reward_weights": [r.weight for r in g.rewards],
+            # with beta > 0 and no adapter TRL loads the reference itself: as the policy was (its revision, and remote
+            # code only where the job allowed it)
+            "trust_remote_code": config.model.trust_remote_code,
+            "model_init_kwargs": {"revision": config.model.revision} if config.model.revision else None,
         }
     known = compat.training_arg_names(args_cls)
     for key in t.extra_args:
