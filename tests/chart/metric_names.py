@@ -56,12 +56,16 @@ TRAINER_GAUGES = {
     "finetune_eval_f1",
     "finetune_train_reward_accuracy",
     "finetune_train_reward_margin",
-    "finetune_train_reward_mean",
-    "finetune_train_reward_std",
-    "finetune_train_reward_function_mean",  # one series per reward function (TRAINER_REWARD_LABELS)
-    "finetune_train_completion_length_mean",
-    "finetune_train_kl",
-    "finetune_train_rollout_tokens_per_second",
+    *(
+        TRAINER_GRPO_GAUGES := {  # on the pages of GRPO runs only
+            "finetune_train_reward_mean",
+            "finetune_train_reward_std",
+            "finetune_train_reward_function_mean",  # one series per reward function (TRAINER_REWARD_LABELS)
+            "finetune_train_completion_length_mean",
+            "finetune_train_kl",
+            "finetune_train_rollout_tokens_per_second",
+        }
+    ),
     "finetune_rendezvous_duration_seconds",
     "finetune_startup_launcher_seconds",
     "finetune_startup_data_seconds",
