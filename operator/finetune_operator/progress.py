@@ -7,11 +7,11 @@ per step, so the job's throughput is rank 0's node throughput times the number o
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from finetune_operator import grpo
 from finetune_operator.status import Progress
 
 GAUGES = {
@@ -46,8 +46,7 @@ GAUGES = {
 }
 # GRPO: one series per reward function, its name in the reward label (as many as a job may name, names as it may)
 REWARD_FUNCTIONS = "finetune_train_reward_function_mean"
-REWARD_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,39}$")
-MAX_REWARD_FUNCTIONS = 16
+MAX_REWARD_FUNCTIONS = grpo.MAX_REWARDS
 # What the run trains with, from the labels of this always-1 series (the trainer's auto settled): the values each
 # label may hold (the fields of the same names), and the reason (acceleration_reason)
 CHOICE_INFO = "finetune_train_choice_info"
@@ -116,7 +115,7 @@ def _reward_means(samples: list[Any], into: dict[str, float]) -> None:
     name (a page may split the family: ``into`` gathers every part)."""
     for sample in samples:
         name, value = sample.labels.get("reward", ""), float(sample.value)
-        well_formed = REWARD_NAME_RE.match(name) and math.isfinite(value) and abs(value) <= MAX_FLOAT
+        well_formed = grpo.NAME_RE.match(name) and math.isfinite(value) and abs(value) <= MAX_FLOAT
         if well_formed and len(into) < MAX_REWARD_FUNCTIONS:
             into[name] = round(value, 4)
 

@@ -348,6 +348,8 @@ def _check_prompt_fields(d: dict[str, Any]) -> None:
 
 
 def _grpo(g: dict[str, Any]) -> GrpoConfig:
+    """``training.grpo``, what it leaves out at the dataclasses' defaults."""
+    at, each = GrpoConfig(), Reward("", "")
     rewards = []
     for i, r in enumerate(g.get("rewards") or ()):
         kind = r["type"]
@@ -355,23 +357,31 @@ def _grpo(g: dict[str, Any]) -> GrpoConfig:
             Reward(
                 type=kind,
                 name=r.get("name") or f"{kind}-{i}",
-                weight=float(r.get("weight", 1.0)),
+                weight=float(r.get("weight", each.weight)),
                 column=r.get("column"),
-                case_sensitive=r.get("caseSensitive", True) is not False,
-                tolerance=float(r.get("tolerance", 1e-6)),
+                case_sensitive=r.get("caseSensitive", each.case_sensitive) is not False,
+                tolerance=float(r.get("tolerance", each.tolerance)),
                 pattern=r.get("pattern"),
                 max_tokens=r.get("maxTokens"),
                 function=r.get("function"),
             )
         )
     return GrpoConfig(
-        num_generations=g.get("numGenerations", 4),
-        max_completion_length=g.get("maxCompletionLength", 64),
-        temperature=float(g.get("temperature", 1.0)),
-        loss_type=g.get("lossType", "dapo"),
-        beta=float(g.get("beta", 0.0)),
+        num_generations=g.get("numGenerations", at.num_generations),
+        max_completion_length=g.get("maxCompletionLength", at.max_completion_length),
+        temperature=float(g.get("temperature", at.temperature)),
+        loss_type=g.get("lossType", at.loss_type),
+        beta=float(g.get("beta", at.beta)),
         rewards=tuple(rewards),
     )
+
+
+def grpo_schema() -> dict[str, Any]:
+    """The contract's ``training.grpo``: besides the fields, what each reward kind needs (``x-requires``), the
+    column names TRL keeps for itself (``x-reserved``) and the arguments GRPO sets itself (``x-fixedArgs``), which
+    the operator reads from its copy too."""
+    found: dict[str, Any] = schema()["properties"]["training"]["properties"]["grpo"]
+    return found
 
 
 def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
@@ -382,10 +392,8 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
             "training.grpo.rewards", "task grpo needs at least one reward; set spec.training.grpo.rewards"
         )
     names = set()
-    grpo_schema = schema()["properties"]["training"]["properties"]["grpo"]
-    reward_schema = grpo_schema["properties"]["rewards"]["items"]
-    # what each kind needs besides its type, and the column names TRL keeps for itself (the contract's, which the
-    # operator reads too)
+    contract = grpo_schema()
+    reward_schema = contract["properties"]["rewards"]["items"]
     needs, reserved = reward_schema["x-requires"], reward_schema["properties"]["column"]["x-reserved"]
     attrs = {"column": "column", "pattern": "pattern", "maxTokens": "max_tokens", "function": "function"}
     for i, r in enumerate(g.rewards):
@@ -408,11 +416,9 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
                 re.compile(r.pattern)
             except re.error as e:
                 raise ConfigError(f"{where}.pattern", f"not a valid regular expression: {e}") from None
-    if g.num_generations < 2:
-        raise ConfigError("training.grpo.numGenerations", "a group needs at least 2 completions per prompt")
     if training.packing:
         raise ConfigError("training.packing", "packing is for task causal-lm, not 'grpo'")
-    for key, why in grpo_schema["x-fixedArgs"].items():
+    for key, why in contract["x-fixedArgs"].items():
         if key in training.extra_args:
             raise ConfigError(f"training.extraArgs.{key}", f"task grpo sets {key!r} itself: {why}; remove it")
     if dataset.eval_split:

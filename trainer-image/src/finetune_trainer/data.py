@@ -9,7 +9,7 @@ import os
 import re
 from typing import Any
 
-from finetune_trainer.config import Config, DatasetConfig, schema
+from finetune_trainer.config import Config, DatasetConfig, grpo_schema
 from finetune_trainer.errors import ConfigError
 
 log = logging.getLogger("finetune_trainer.data")
@@ -258,8 +258,7 @@ def prompt_dataset(config: Config, dataset: Any) -> Any:
     """GRPO's prompts: the prompt column as TRL names it (prompt), and every other column, which TRL passes to each
     reward by its name, but those named as TRL's own reward arguments (a column ``prompt`` beside another prompt
     column, ``completions``, ...: dropped, and logged)."""
-    rewards = schema()["properties"]["training"]["properties"]["grpo"]["properties"]["rewards"]["items"]
-    reserved = set(rewards["properties"]["column"]["x-reserved"])
+    reserved = set(grpo_schema()["properties"]["rewards"]["items"]["properties"]["column"]["x-reserved"])
     prompt = str(config.dataset.prompt_field)
     dropped = [c for c in dataset.column_names if c in reserved and c != prompt]
     if dropped:

@@ -186,7 +186,11 @@ class TrainerMetrics:
             "finetune_train_reward_margin", "dpo: mean reward of chosen minus rejected over the last logged pairs"
         )
         # GRPO's series, on the pages of GRPO runs only (rollouts=True): the other tasks' pages stay as small
-        grpo = gauge if rollouts else (lambda name, doc: Gauge(name, doc, LABELS, registry=None).labels(*values))
+        grpo_registry = r if rollouts else None
+
+        def grpo(name: str, doc: str) -> Any:
+            return Gauge(name, doc, LABELS, registry=grpo_registry).labels(*values)
+
         self.reward_mean = grpo(
             "finetune_train_reward_mean", "grpo: mean weighted sum of the rewards over the last logged completions"
         )
@@ -195,7 +199,7 @@ class TrainerMetrics:
             "finetune_train_reward_function_mean",
             "grpo: mean of one reward function (unweighted) over the last logged completions",
             (*LABELS, "reward"),
-            registry=r if rollouts else None,
+            registry=grpo_registry,
         )
         self.completion_length = grpo(
             "finetune_train_completion_length_mean", "grpo: mean length of the last logged completions, in tokens"
