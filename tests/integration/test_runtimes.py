@@ -79,6 +79,16 @@ def pod_of(jobs: Jobs, name: str, attempt: int, nodes: int = 1) -> Any:
     return jobs.wait_pods(name, nodes, attempt=attempt)[0]
 
 
+def runtime_of(jobs: Jobs, name: str, attempt: int) -> dict[str, Any]:
+    """The runtime recorded for an attempt: the operator writes the status after it creates the attempt's pods, so a
+    reader that saw the pods may still read the previous record for a moment."""
+    return wait_for(
+        lambda: (r := jobs.status(name).get("runtime")) and r.get("attempt") == attempt and r,
+        timeout=30,
+        what=f"{name}'s runtime record for attempt {attempt}",
+    )
+
+
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
@@ -113,9 +123,9 @@ def test_defaults_and_precedence_job_over_namespace_runtime_over_cluster_runtime
     assert pod.spec.node_selector == {"pool": "h100"}  # the job's key wins
     assert pod.metadata.labels["team"] == "platform"
     assert any(e.name == "NCCL_DEBUG" and e.value == "WARN" for e in pod.spec.containers[0].env)
-    status = jobs.status("plain")
-    assert status["runtime"]["name"] == "pool" and status["runtime"]["chosenBy"] == "the cluster's default"
-    assert status["runtime"]["generation"] == 1
+    record = runtime_of(jobs, "plain", 0)
+    assert record["name"] == "pool" and record["chosenBy"] == "the cluster's default"
+    assert record["generation"] == 1
     config = client.CoreV1Api(jobs.core.api_client).read_namespaced_config_map("plain-config", jobs.ns)
     assert json.loads(config.data["config.json"])["training"]["checkpointEverySteps"] == 5  # the job's own value
     # the namespace's default comes before the cluster's
@@ -123,7 +133,7 @@ def test_defaults_and_precedence_job_over_namespace_runtime_over_cluster_runtime
     jobs.create(make_job("local").build())
     pod = pod_of(jobs, "local", 0)
     assert pod.metadata.labels["team"] == "mine" and pod.spec.containers[0].image != "registry.corp/ml/trainer:2"
-    assert jobs.status("local")["runtime"]["chosenBy"] == "the namespace's default"
+    assert runtime_of(jobs, "local", 0)["chosenBy"] == "the namespace's default"
     # ...and the cluster default's guardrails still bind its jobs: a namespace's admins narrow them, never drop them
     jobs.create(make_job("wide").nodes(3).build())
     failure = jobs.wait_state("wide", "Failed")["failure"]
@@ -166,8 +176,7 @@ def test_an_edited_runtime_leaves_the_running_attempt_alone_and_the_next_one_use
     jobs.core.delete_namespaced_pod(first[1].metadata.name, jobs.ns, grace_period_seconds=0)
     second = jobs.wait_pods("edit", 2, attempt=1, timeout=90)
     assert second[0].spec.node_selector == {"pool": "h100"}
-    record = jobs.status("edit")["runtime"]
-    assert (record["attempt"], record["generation"]) == (1, 2)
+    assert runtime_of(jobs, "edit", 1)["generation"] == 2
     # deleted, as a Helm upgrade of the chart's runtimes does for a moment: the attempt that runs goes on; the next one
     # waits for it and starts when it is back
     rts.delete_all()
@@ -180,7 +189,7 @@ def test_an_edited_runtime_leaves_the_running_attempt_alone_and_the_next_one_use
     assert "does not exist" in waiting["message"] and jobs.live_pods("edit") == []
     rts.create(CLUSTER, "pool", GPU_POOL)
     third = jobs.wait_pods("edit", 2, attempt=2, timeout=90)
-    assert third[0].spec.node_selector == {"pool": "a100"} and jobs.status("edit")["runtime"]["generation"] == 1
+    assert third[0].spec.node_selector == {"pool": "a100"} and runtime_of(jobs, "edit", 2)["generation"] == 1
     # gone for longer than the operator's waiting timeout (10 s here): the job fails and says why
     rts.delete_all()
     jobs.core.delete_namespaced_pod(third[0].metadata.name, jobs.ns, grace_period_seconds=0)
