@@ -257,6 +257,7 @@ def trainer_config(ref: JobRef, spec: JobSpec) -> dict[str, Any]:
             **({"globalBatchSize": t.global_batch_size} if t.global_batch_size is not None else {}),
         },
         "acceleration": spec.acceleration,
+        **({"evaluation": spec.evaluation.config()} if spec.evaluation else {}),  # optional (since 1.6)
         "output": _output_config(ref, spec),
         "metrics": {"port": METRICS_PORT},
         "preflight": {"timeoutSeconds": spec.rendezvous_timeout_seconds},

@@ -63,8 +63,9 @@ def _number(d: dict[str, Any], key: str, where: str, kind: type, add: Add, *, le
     return kind(value)
 
 
-def _reward(r: Any, i: int, add: Add) -> dict[str, Any] | None:
-    f = f"spec.training.grpo.rewards[{i}]"
+def reward(r: Any, f: str, i: int, add: Add, reserved: tuple[str, ...] = RESERVED_COLUMNS) -> dict[str, Any] | None:
+    """One reward (or one of the evaluation stage's metrics, the same shape, whose functions are given other
+    arguments: ``reserved``) at field ``f``, defaults filled in."""
     if not isinstance(r, dict):
         add(f, f"must be an object with a type ({', '.join(REWARD_TYPES)}), got {r!r}")
         return None
@@ -83,14 +84,20 @@ def _reward(r: Any, i: int, add: Add) -> dict[str, Any] | None:
         add(f"{f}.name", f"must match {NAME_RE.pattern} (its metrics carry it), got {out['name']!r}")
     if isinstance(out["weight"], bool) or not isinstance(out["weight"], int | float):
         add(f"{f}.weight", f"must be a number, got {out['weight']!r}")
-    for key in ("column", "caseSensitive", "tolerance", "pattern", "maxTokens", "function"):
+    for key in ("column", "caseSensitive", "tolerance", "pattern", "maxTokens", "function", "model"):
         if r.get(key) is not None:
             out[key] = r[key]
-    if r.get("column") in RESERVED_COLUMNS:
+    if (
+        kind == "rewardModel"
+        and r.get("model") is not None
+        and not (isinstance(r["model"], str) and r["model"].startswith("/") and len(r["model"]) > 1)
+    ):
+        add(f"{f}.model", f"must be the model's directory as an absolute path in the pod, got {r['model']!r}")
+    if r.get("column") in reserved:
         add(
             f"{f}.column",
-            f"{r['column']!r} is a name TRL gives its own reward arguments ({', '.join(RESERVED_COLUMNS)}); rename "
-            "the column",
+            f"{r['column']!r} is a name the functions are given their own arguments under ({', '.join(reserved)}); "
+            "rename the column",
         )
     if kind == "regex" and isinstance(r.get("pattern"), str):
         try:
@@ -121,7 +128,7 @@ def parse(g: dict[str, Any], add: Add) -> Grpo:
         raw = []
     if len(raw) > MAX_REWARDS:
         add(f"{f}.rewards", f"holds {len(raw)} rewards; at most {MAX_REWARDS}")
-    rewards = [r for r in (_reward(r, i, add) for i, r in enumerate(raw)) if r is not None]
+    rewards = [r for r in (reward(r, f"{f}.rewards[{i}]", i, add) for i, r in enumerate(raw)) if r is not None]
     seen: set[str] = set()
     for i, r in enumerate(rewards):
         if r["name"] in seen:

@@ -47,6 +47,7 @@ from finetune_operator.status import (
     SUSPENDED,
     TERMINAL,
     Elastic,
+    ModelEvaluation,
     Progress,
     Status,
     merge_progress,
@@ -451,6 +452,7 @@ def _watch_attempt(p: _Pass, spec: JobSpec, gang: Gang, progress: Progress | Non
         if rank0 is not None and rank0.result is not None:
             # The end of the curves from rank 0's result.json: the scrapes saw a step every few seconds at best.
             st.history = history.record_result(st.history, rank0.result, attempt=st.attempt)
+            st.evaluation = ModelEvaluation.from_wire(rank0.result.get("evaluation"))
             if st.progress is None:  # it ran to the end between two scrapes: the step count from its summary
                 st.progress = _progress_of_result(rank0.result, now=p.now)
         st.completion_time = p.now

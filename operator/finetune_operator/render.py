@@ -222,6 +222,8 @@ def status_block(
         _add(head, "Lost", f"{prog['stepsLostToRestarts']} step(s) to restarts")
     if line := runtime_line(st.get("runtime")):
         _add(head, "Runtime", f"{line} (attempt {st['runtime'].get('attempt', 0)})")
+    if line := evaluation_line(st.get("evaluation")):
+        _add(head, "Evaluation", Text(line))
     if f := st.get("failure"):
         where = f" on node {f['rank']}" if f.get("rank") is not None else ""
         where += f" in attempt {f['attempt']}" if f.get("attempt") is not None else ""
@@ -280,6 +282,35 @@ def status_block(
     return Group(*parts)
 
 
+def evaluation_line(ev: dict[str, Any] | None) -> str:
+    """The trained model's scores: "held-out loss 0.75, reward accuracy 0.875 (step 60); stage Succeeded on 40
+    sample(s) of split test: correct 0.5, format 1"."""
+    if not ev:
+        return ""
+    held = [
+        f"{label} {ev[key]:.4g}"
+        for key, label in (
+            ("loss", "held-out loss"),
+            ("perplexity", "perplexity"),
+            ("accuracy", "accuracy"),
+            ("f1", "F1"),
+            ("rewardAccuracy", "reward accuracy"),
+            ("rewardMargin", "reward margin"),
+        )
+        if isinstance(ev.get(key), int | float)
+    ]
+    parts = [", ".join(held) + (f" (step {ev['step']})" if ev.get("step") is not None else "")] if held else []
+    if ev.get("state"):
+        stage = f"stage {ev['state']}"
+        if ev.get("samples") is not None:
+            stage += f" on {ev['samples']} sample(s) of split {ev.get('split')}"
+        scores = ", ".join(f"{k} {v:.4g}" for k, v in (ev.get("scores") or {}).items() if isinstance(v, int | float))
+        stage += f": {scores}" if scores else ""
+        stage += f" ({ev['message']})" if ev.get("message") else ""
+        parts.append(stage)
+    return clean("; ".join(parts))
+
+
 def elastic_line(el: dict[str, Any] | None) -> str:
     """An elastic job's size and batch: "1 of 2 node(s) (min 1), accumulation 2, global batch 16; 1 resize (last
     Shrunk), placeholders running 0"."""
@@ -327,7 +358,8 @@ def final_line(job: dict[str, Any]) -> str:
     why, message = reason(st)
     name = job["metadata"]["name"]
     extra = f" ({progress_line(st.get('progress'))})" if st.get("progress") else ""
-    return clean(f"{name}: {st.get('state')} — {why}: {message}{extra}")
+    scores = f"; evaluation: {evaluation_line(st.get('evaluation'))}" if st.get("evaluation") else ""
+    return clean(f"{name}: {st.get('state')} — {why}: {message}{extra}{scores}")
 
 
 def effective_table(values: list[dict[str, str]], *, title: str, operator_known: bool = True) -> Table:

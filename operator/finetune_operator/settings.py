@@ -23,7 +23,7 @@ METRICS_PORT = 9400
 CONFIG_DIR = "/etc/finetune"
 CONFIG_FILE = "config.json"
 OUTPUT_MOUNT = "/output"
-CONFIG_VERSION = "1.5"
+CONFIG_VERSION = "1.6"
 
 # Trainer exit codes (trainer-image/README.md): the operator classifies failures on them.
 EXIT_CONFIG_ERROR = 78

@@ -19,6 +19,9 @@ from typing import Any
 from finetune_operator.grpo import Grpo
 from finetune_operator.grpo import parse as parse_grpo
 from finetune_operator.grpo import problems as grpo_problems
+from finetune_operator.scoring import Scoring
+from finetune_operator.scoring import parse as parse_scoring
+from finetune_operator.scoring import problems as scoring_problems
 
 TASKS = ("sequence-classification", "token-classification", "question-answering", "causal-lm", "seq2seq", "dpo", "grpo")
 KERNELS = ("auto", "liger", "none")
@@ -394,6 +397,7 @@ class JobSpec:
     pod_disruption_budget: bool = False
     runtime_ref: RuntimeRef | None = None
     elastic: Elastic | None = None
+    evaluation: Scoring | None = None  # the evaluation stage after training (finetune_operator.scoring)
 
     @property
     def world_size(self) -> int:
@@ -939,7 +943,9 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
     if ref and ref.get("kind", "ClusterFineTuneRuntime") not in ("ClusterFineTuneRuntime", "FineTuneRuntime"):
         errors.add("spec.runtimeRef.kind", f"{ref['kind']!r}: expected ClusterFineTuneRuntime or FineTuneRuntime")
     elastic = _parse_elastic(spec, nodes, errors)
+    ev = errors.section(spec, "evaluation", "spec.evaluation") if spec.get("evaluation") is not None else None
     job_spec = JobSpec(
+        evaluation=parse_scoring(ev, errors.add) if ev is not None else None,
         elastic=elastic,
         runtime_ref=runtime_ref_of(ref),
         model=model,
@@ -986,6 +992,8 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
     if task == "grpo":
         for field_path, message in grpo_problems(job_spec):
             errors.add(field_path, message)
+    for field_path, message in scoring_problems(job_spec):
+        errors.add(field_path, message)
     check_extra_args(job_spec, errors)
     errors.raise_any()
     return job_spec

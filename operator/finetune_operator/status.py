@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from finetune_operator.failures import Failure
-from finetune_operator.history import History, camel
+from finetune_operator.history import History, camel, finite_number
 
 # Job states (status.state), also the printer column.
 PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
@@ -60,6 +60,83 @@ def flat_from_wire(cls: Any, d: dict[str, Any], *, times: tuple[str, ...]) -> di
         if d.get(key) is not None:
             values[f.name] = parse_ts(d[key]) if f.name in times else d[key]
     return values
+
+
+def _count(value: Any) -> int | None:
+    number = finite_number(value)
+    return int(number) if number is not None and 0 <= number < 2**53 and number == int(number) else None
+
+
+def _text(value: Any, limit: int) -> str | None:
+    return value[:limit] if isinstance(value, str) and value else None
+
+
+@dataclass(frozen=True)
+class ModelEvaluation:
+    """``status.evaluation``: the trained model's scores, from rank 0's summary of a succeeded run (its termination
+    message: finetune_trainer.errors.evaluation_summary). The final evaluation on spec.dataset.evalSplit (held-out
+    loss, perplexity, accuracy and F1, DPO's reward accuracy and margin) and the evaluation stage's (spec.evaluation:
+    its state, split, samples and each metric's mean score). Read from a message a custom image may fill with
+    anything, so each value is checked and bounded."""
+
+    step: int | None = None
+    loss: float | None = None
+    perplexity: float | None = None
+    accuracy: float | None = None
+    f1: float | None = None
+    reward_accuracy: float | None = None
+    reward_margin: float | None = None
+    state: str | None = None  # Succeeded, Failed, Stopped; None: no evaluation stage
+    message: str | None = None
+    split: str | None = None
+    samples: int | None = None
+    scores: dict[str, float] | None = None  # metric name -> mean score
+    completion_length: float | None = None
+    seconds: float | None = None
+
+    _NUMBERS = (
+        "loss",
+        "perplexity",
+        "accuracy",
+        "f1",
+        "reward_accuracy",
+        "reward_margin",
+        "completion_length",
+        "seconds",
+    )
+    _STATES = ("Succeeded", "Failed", "Stopped")
+    MAX_SCORES = 16
+
+    @classmethod
+    def from_wire(cls, d: Any) -> ModelEvaluation | None:
+        """From the status, or from a result summary (the same camelCase keys); None when it holds nothing."""
+        if not isinstance(d, dict):
+            return None
+        raw = d.get("scores")
+        scores: dict[Any, Any] = raw if isinstance(raw, dict) else {}
+        kept = {
+            str(k)[:40]: value
+            for k, v in list(scores.items())[: cls.MAX_SCORES]
+            if (value := finite_number(v)) is not None
+        }
+        found = cls(
+            step=_count(d.get("step")),
+            state=d.get("state") if d.get("state") in cls._STATES else None,
+            message=_text(d.get("message"), 600),
+            split=_text(d.get("split"), 253),
+            samples=_count(d.get("samples")),
+            scores=kept or None,
+            **{name: finite_number(d.get(camel(name))) for name in cls._NUMBERS},
+        )
+        return found if found != cls() else None
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[camel(f.name)] = dict(value) if isinstance(value, dict) else value
+        return out
 
 
 @dataclass(frozen=True)
@@ -213,6 +290,7 @@ class Status:
     conditions: list[Condition] = field(default_factory=list)
     runtime: dict[str, Any] | None = None  # what the current attempt was admitted with (runtimes.record)
     elastic: Elastic | None = None  # an elastic job's size and batch
+    evaluation: ModelEvaluation | None = None  # the trained model's scores, once the job succeeded
 
     # -- the wire form ------------------------------------------------------------------------------
 
@@ -251,6 +329,8 @@ class Status:
             out["runtime"] = self.runtime
         if self.elastic is not None:
             out["elastic"] = self.elastic.to_wire()
+        if self.evaluation is not None:
+            out["evaluation"] = self.evaluation.to_wire()
         return out
 
     @classmethod
@@ -272,6 +352,7 @@ class Status:
             conditions=[Condition.from_wire(c) for c in d.get("conditions") or []],
             runtime=dict(d["runtime"]) if isinstance(d.get("runtime"), dict) else None,
             elastic=Elastic.from_wire(d["elastic"]) if isinstance(d.get("elastic"), dict) else None,
+            evaluation=ModelEvaluation.from_wire(d.get("evaluation")),
         )
         for name in cls._TIMES:
             setattr(st, name, parse_ts(d.get(camel(name))))

@@ -66,6 +66,12 @@ TRAINER_GAUGES = {
             "finetune_train_rollout_tokens_per_second",
         }
     ),
+    *(
+        TRAINER_EVALUATION_GAUGES := {  # on rank 0's page of runs with spec.evaluation only
+            "finetune_evaluation_samples",
+            "finetune_evaluation_score",  # one series per metric (TRAINER_EVALUATION_LABELS)
+        }
+    ),
     "finetune_rendezvous_duration_seconds",
     "finetune_startup_launcher_seconds",
     "finetune_startup_data_seconds",
@@ -77,6 +83,7 @@ TRAINER_GAUGES = {
 TRAINER_LABELS = {"finetune_namespace", "finetune_job", "node_rank"}
 TRAINER_CHOICE_LABELS = {"acceleration", "kernels", "reason"}
 TRAINER_REWARD_LABELS = {"reward"}
+TRAINER_EVALUATION_LABELS = {"metric"}
 OPERATOR_LABELS = {"finetune_namespace", "state", "reason", "direction"}
 
 # Series from other exporters the bundle joins with (documented as optional dependencies).

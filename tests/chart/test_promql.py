@@ -34,6 +34,7 @@ GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m",
 ALLOWED_LABELS = (
     metric_names.TRAINER_LABELS
     | metric_names.TRAINER_REWARD_LABELS
+    | metric_names.TRAINER_EVALUATION_LABELS
     | metric_names.OPERATOR_LABELS
     | {"namespace", "pod", "le"}  # Prometheus target labels, histogram buckets
     | {"phase", "owner_kind", "owner_name"}  # kube-state-metrics

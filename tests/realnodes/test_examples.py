@@ -146,6 +146,10 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(
         assert result["dpo"]["pairs"] == "conversational" and rewards, result["dpo"]
         assert sum(r["margin"] for r in rewards) > 0, rewards
         assert st["progress"].get("rewardAccuracy") is not None, st["progress"]  # scraped from rank 0's page
+        # the final evaluation on the held-out pairs, from rank 0's summary
+        final = result["final_eval"]
+        assert final["step"] == 40 and st["evaluation"]["step"] == 40, (final, st.get("evaluation"))
+        assert st["evaluation"]["rewardAccuracy"] == pytest.approx(final["reward_accuracy"], rel=1e-5), st["evaluation"]
     if example == "tiny-grpo-job.yaml":  # TRL's GRPOTrainer: the mean reward rises from a random policy's
         history = result["grpo"]["history"]
         assert len(history) >= 6 and set(history[0]["rewards"]) == {"format", "correct"}, result["grpo"]
@@ -157,6 +161,16 @@ def test_a_two_node_example_trains_to_success_across_real_nodes(
             "correct",
         }, progress
         assert page["curves"]["reward"], page["curves"]  # the web view's reward chart has points
+        # the evaluation stage after training: the 80 held-out prompts, scored by hand from the samples it wrote
+        stage = result["evaluation"]
+        assert stage["state"] == "Succeeded" and stage["samples"] == 80, stage
+        samples = [json.loads(line) for line in (out / "evaluation" / "samples.jsonl").read_text().splitlines()]
+        right = sum(s["completion"].strip() == s["references"]["answer"] for s in samples)
+        assert len(samples) == 80 and stage["scores"]["correct"] == right / 80, stage
+        scores = st["evaluation"]
+        assert (scores["state"], scores["samples"], scores["split"]) == ("Succeeded", 80, "eval"), scores
+        assert scores["scores"] == pytest.approx(stage["scores"], rel=1e-5), (scores, stage)
+        assert "; evaluation: stage Succeeded on 80 sample(s) of split eval: " in last, last
 
 
 def test_the_quickstart_runs_on_what_the_image_ships_with_a_claim_from_its_template(

@@ -38,7 +38,7 @@ STEPS = 30
 # without their _total suffix.
 METRIC_NAMES = (  # a page of a run of any task but grpo
     {n.removesuffix("_total") for n in names.TRAINER_COUNTERS}
-    | (names.TRAINER_GAUGES - names.TRAINER_GRPO_GAUGES)
+    | (names.TRAINER_GAUGES - names.TRAINER_GRPO_GAUGES - names.TRAINER_EVALUATION_GAUGES)
     | names.TRAINER_HISTOGRAMS
 )
 
@@ -148,7 +148,8 @@ def test_retention_keeps_newest_k_complete(eager_run: dict) -> None:
 def test_metrics_scraped_during_run_are_prometheus_text(eager_run: dict) -> None:
     families = {f.name: f for f in text_string_to_metric_families(eager_run["scrape"])}
     assert set(families) >= METRIC_NAMES, METRIC_NAMES - set(families)
-    assert not set(families) & names.TRAINER_GRPO_GAUGES, set(families) & names.TRAINER_GRPO_GAUGES
+    only_some = names.TRAINER_GRPO_GAUGES | names.TRAINER_EVALUATION_GAUGES  # a GRPO run, a run with an evaluation
+    assert not set(families) & only_some, set(families) & only_some
     for name in METRIC_NAMES:
         for sample in families[name].samples:
             own = names.TRAINER_CHOICE_LABELS if name == "finetune_train_choice_info" else set()
@@ -534,10 +535,20 @@ def test_chat_sft_trains_on_the_assistant_turns_only(tmp_path: Path) -> None:
     assert (tmp_path / "completion" / "model" / "chat_template.jinja").exists()  # the tokenizer goes with the model
 
 
-def test_prompt_completion_sft_with_packing_trains(tmp_path: Path) -> None:
+def test_prompt_completion_sft_with_packing_trains_and_a_failed_evaluation_keeps_the_model(tmp_path: Path) -> None:
+    """Packed prompt/completion SFT trains; its evaluation stage fails (a metric, a function of the image's, raises
+    when called) and the run still succeeds with its model saved, the failure recorded in result.json and in the
+    summary the operator reads (with the final held-out perplexity)."""
     out = tmp_path / "out"
+    broken = {"type": "python", "name": "broken", "function": "finetune_trainer.rewards:last_number"}
+    stage = {
+        "split": "eval",
+        "maxSamples": 4,
+        "maxNewTokens": 2,
+        "metrics": [{"type": "exactMatch", "name": "same", "column": "completion"}, broken],
+    }
     cfg = sft_config(out, "prompt-completion", dataset={"promptField": "prompt", "completionField": "completion"},
-                     training={"packing": True, "maxSeqLength": 64})  # fmt: skip
+                     training={"packing": True, "maxSeqLength": 64}, configVersion="1.6", evaluation=stage)  # fmt: skip
     node = Node(tmp_path, cfg)
     assert node.wait(RUN_TIMEOUT) == 0, node.log()
     result = read_json(out / "result.json")
@@ -545,6 +556,12 @@ def test_prompt_completion_sft_with_packing_trains(tmp_path: Path) -> None:
     # packed: every sample is one 64-token sequence of several rows, so far fewer samples than 20 x 16 rows
     assert result["tokens"] > 0 and result["samples"] < 20 * 16
     assert math.isfinite(result["final_eval"]["perplexity"])
+    assert (out / "model" / "config.json").exists() and (out / "model" / "model.safetensors").exists()
+    failed = result["evaluation"]
+    assert failed["state"] == "Failed" and "TypeError" in failed["message"], failed
+    summary = read_json(node.termination_log)["result"]["evaluation"]
+    assert summary["state"] == "Failed" and "TypeError" in summary["message"], summary
+    assert summary["perplexity"] == pytest.approx(result["final_eval"]["perplexity"], rel=1e-5), summary
 
 
 def _bad_chat(tmp: Path, rows: list[object]) -> str:

@@ -37,9 +37,11 @@ def test_operator_metrics_match_the_chart_list() -> None:
 def test_trainer_metrics_match_the_chart_list() -> None:
     from finetune_trainer.metrics import TrainerMetrics  # the trainer package is part of the test venv
 
-    m = TrainerMetrics(namespace="ns", job="j", node_rank=0, rollouts=True)  # every family: a GRPO run's page
+    # every family: rank 0's page of a GRPO run with an evaluation stage
+    m = TrainerMetrics(namespace="ns", job="j", node_rank=0, rollouts=True, evaluation=True)
     m.set_choice("none", "liger", "auto: liger")
     m.set_reward_function("format", 0.5)
+    m.set_evaluation_score("correct", 0.5)
     fams = _families(m.registry)
     assert {n for n, (t, _) in fams.items() if t == "counter"} == names.TRAINER_COUNTERS
     assert {n for n, (t, _) in fams.items() if t == "gauge"} == names.TRAINER_GAUGES
@@ -48,6 +50,7 @@ def test_trainer_metrics_match_the_chart_list() -> None:
         extra = {
             "finetune_train_choice_info": names.TRAINER_CHOICE_LABELS,
             "finetune_train_reward_function_mean": names.TRAINER_REWARD_LABELS,
+            "finetune_evaluation_score": names.TRAINER_EVALUATION_LABELS,
         }.get(name, set())
         assert labels == names.TRAINER_LABELS | extra, name
 

@@ -1232,7 +1232,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
 
     from finetune_operator.failures import Failure
     from finetune_operator.history import EvalPoint, History, TrainPoint
-    from finetune_operator.status import Condition, Elastic, Status
+    from finetune_operator.status import Condition, Elastic, ModelEvaluation, Status
 
     schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     sample = {"int | None": 7, "float | None": 1.5, "str | None": "x", "dict[str, float] | None": {"format": 0.5}}
@@ -1287,9 +1287,26 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
             last_resize_time=NOW,
             last_resize="Shrunk",
         ),
+        evaluation=ModelEvaluation(
+            step=60,
+            loss=0.5,
+            perplexity=1.65,
+            accuracy=0.75,
+            f1=0.7,
+            reward_accuracy=0.8,
+            reward_margin=1.5,
+            state="Succeeded",
+            message="m",
+            split="test",
+            samples=80,
+            scores={"correct": 0.9},
+            completion_length=1.0,
+            seconds=2.5,
+        ),
     )
     wire = full.to_wire()
     assert set(wire) == set(schema)
+    assert set(wire["evaluation"]) == set(schema["evaluation"]["properties"])
     assert set(wire["progress"]) == set(schema["progress"]["properties"])
     for series in ("train", "eval"):
         assert set(wire["history"][series][0]) == set(schema["history"]["properties"][series]["items"]["properties"])

@@ -406,3 +406,21 @@ def test_a_run_that_ends_before_its_first_scrape_shows_the_steps_of_its_summary(
         decided(job(dict(STARTED), nodes=1), [running(0, phase="Succeeded", code=0, message=odd)]).status.progress
         is None
     )
+
+
+def test_a_succeeded_job_shows_its_models_scores_from_rank_0s_summary() -> None:
+    """The evaluation stage's scores and the final held-out metrics reach status.evaluation when the job succeeds; a
+    summary with odd values (a custom image's) gives only what checks out, and a run without them none."""
+    scores = {"state": "Succeeded", "split": "test", "samples": 40, "scores": {"correct": 0.5, "format": 1.0},
+              "step": 60, "loss": 0.75, "rewardAccuracy": 0.875}  # fmt: skip
+    message = json.dumps({"reason": "Completed", "result": {"steps": 60, "evaluation": scores}})
+    plan = decided(job(dict(STARTED), nodes=1), [running(0, phase="Succeeded", code=0, message=message)])
+    assert plan.status.state == "Succeeded"
+    assert plan.status.to_wire()["evaluation"] == scores
+    odd = {"state": "Exploded", "samples": -3, "scores": {"a": "x", "b": 0.25}, "loss": True, "split": 7}
+    message = json.dumps({"reason": "Completed", "result": {"steps": 60, "evaluation": odd}})
+    plan = decided(job(dict(STARTED), nodes=1), [running(0, phase="Succeeded", code=0, message=message)])
+    assert plan.status.to_wire()["evaluation"] == {"scores": {"b": 0.25}}
+    message = json.dumps({"reason": "Completed", "result": {"steps": 60, "evaluation": None}})
+    plan = decided(job(dict(STARTED), nodes=1), [running(0, phase="Succeeded", code=0, message=message)])
+    assert plan.status.evaluation is None and "evaluation" not in plan.status.to_wire()

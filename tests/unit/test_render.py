@@ -303,3 +303,20 @@ def test_the_status_says_what_the_run_trains_with_and_why() -> None:
     out = text(render.status_block(j, [], [], now=NOW))
     assert "Trains with  none, kernels liger (auto: liger, estimated 15.2 s for 6e+15 FLOPs" in out, out
     assert render.choice_line({}) == ""
+
+
+def test_a_succeeded_jobs_scores_read_in_its_status_and_final_line() -> None:
+    """status.evaluation as ``finetune status`` and ``finetune wait`` print it: the held-out metrics with their step,
+    then the stage's state, samples and each metric's score; a failed stage says why."""
+    j = job({"state": "Succeeded"})
+    j["status"]["evaluation"] = {"step": 60, "loss": 0.75, "rewardAccuracy": 0.875, "state": "Succeeded",
+                                 "split": "test", "samples": 40, "scores": {"correct": 0.5, "format": 1.0}}  # fmt: skip
+    line = "held-out loss 0.75, reward accuracy 0.875 (step 60); stage Succeeded on 40 sample(s) of split test: " + (
+        "correct 0.5, format 1"
+    )
+    assert render.evaluation_line(j["status"]["evaluation"]) == line
+    assert f"Evaluation  {line}" in text(render.status_block(j, [], [], now=NOW))
+    assert render.final_line(j).endswith(f"; evaluation: {line}")
+    failed = {"state": "Failed", "split": "test", "message": "TypeError: bad metric"}
+    assert render.evaluation_line(failed) == "stage Failed (TypeError: bad metric)"
+    assert render.evaluation_line(None) == ""

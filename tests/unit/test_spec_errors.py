@@ -306,7 +306,17 @@ def test_task_grpo_defaults_its_column_and_settings_and_writes_them_for_the_trai
         (
             {"training": grpo(grpo={"rewards": [{"type": "exactMatch", "column": "completions"}]})},
             "spec.training.grpo.rewards[0].column",
-            ["TRL"],
+            ["own arguments", "trainer_state"],
+        ),
+        (
+            {"training": grpo(grpo={"rewards": [{"type": "rewardModel"}]})},
+            "spec.training.grpo.rewards[0].model",
+            ["needs model"],
+        ),
+        (
+            {"training": grpo(grpo={"rewards": [{"type": "rewardModel", "model": "models/rm"}]})},
+            "spec.training.grpo.rewards[0].model",
+            ["absolute path"],
         ),
         (
             {"training": grpo(extraArgs={"num_iterations": 2}, grpo={"rewards": GRPO_REWARDS})},
@@ -336,12 +346,71 @@ def test_task_grpo_defaults_its_column_and_settings_and_writes_them_for_the_trai
         "grpo-on-causal-lm",
         "fsdp",
         "reserved-column",
+        "reward-model-without-model",
+        "reward-model-relative",
         "fixed-arg",
         "remote-code-through-extra-args",
     ],
 )
 def test_task_grpo_mistakes_name_their_field(over: dict[str, Any], field: str, words: list[str]) -> None:
     found = errors_of(base_spec(**{"task": "grpo", **over}))
+    assert field in found, found
+    assert all(w in found[field] for w in words), found[field]
+
+
+STAGE = {"split": "test", "metrics": [{"type": "numericMatch", "name": "answer", "column": "answer"}]}
+
+
+def test_the_evaluation_stage_defaults_its_settings_and_writes_them_for_the_trainer() -> None:
+    """spec.evaluation as the trainer's config takes it: the contract's defaults, a metric's name, no weight."""
+    from finetune_operator.builders import trainer_config
+
+    data = {"path": "/d", "promptField": "q", "completionField": "answer"}
+    spec = parse_spec(base_spec(task="causal-lm", evaluation=STAGE, dataset=data))
+    written = trainer_config(JobRef("ft", "ns", "u"), spec)["evaluation"]
+    assert written == {
+        "split": "test",
+        "promptField": None,
+        "maxSamples": 200,
+        "maxNewTokens": 64,
+        "batchSize": 8,
+        "metrics": [{"type": "numericMatch", "name": "answer", "column": "answer"}],
+    }
+    assert "evaluation" not in trainer_config(JobRef("ft", "ns", "u"), parse_spec(base_spec()))
+
+
+@pytest.mark.parametrize(
+    ("over", "field", "words"),
+    [
+        ({"task": "sequence-classification"}, "spec.evaluation", ["causal-lm, dpo, grpo", "spec.training.evaluation"]),
+        ({"acceleration": "ort"}, "spec.evaluation", ["ort"]),
+        ({"training": {"maxSteps": 5, "sharding": "fsdp"}}, "spec.evaluation", ["FSDP"]),
+        ({"evaluation": {"metrics": STAGE["metrics"]}}, "spec.evaluation.split", ["required"]),
+        ({"evaluation": {"split": "test"}}, "spec.evaluation.metrics", ["at least one"]),
+        ({"evaluation": {**STAGE, "maxSamples": 0}}, "spec.evaluation.maxSamples", ["between 1 and 100000"]),
+        ({"evaluation": {**STAGE, "topK": 5}}, "spec.evaluation.topK", ["not an evaluation setting"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "length", "maxTokens": 4}]}}, "spec.evaluation.metrics[0].type",
+         ["a matcher"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "regex", "pattern": "x", "weight": 2}]}},
+         "spec.evaluation.metrics[0].weight", ["GRPO's rewards"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "regex", "pattern": "(x"}]}},
+         "spec.evaluation.metrics[0].pattern", ["regular expression"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "exactMatch", "column": "completions"}]}},
+         "spec.evaluation.metrics[0].column", ["own arguments"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "exactMatch", "column": "q"}]}},
+         "spec.evaluation.metrics[0].column", ["prompt column"]),
+        ({"evaluation": {**STAGE, "metrics": [*STAGE["metrics"], *STAGE["metrics"]]}},
+         "spec.evaluation.metrics[1].name", ["used twice"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "python", "function": "exec('x')"}]}},
+         "spec.evaluation.metrics[0].function", ["package.module:function"]),
+    ],
+    ids=["task", "ort", "fsdp", "no-split", "no-metric", "samples", "unknown", "length", "weight", "regex",
+         "reserved", "prompt-column", "duplicate", "python"],
+)  # fmt: skip
+def test_evaluation_stage_mistakes_name_their_field(over: dict[str, Any], field: str, words: list[str]) -> None:
+    job = {"task": "causal-lm", "evaluation": STAGE, "dataset": {"path": "/d", "promptField": "q",
+                                                                  "completionField": "answer"}, **over}  # fmt: skip
+    found = errors_of(base_spec(**job))
     assert field in found, found
     assert all(w in found[field] for w in words), found[field]
 

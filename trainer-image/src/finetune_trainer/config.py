@@ -23,7 +23,7 @@ from finetune_trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-CONFIG_VERSION = "1.5"
+CONFIG_VERSION = "1.6"
 SUPPORTED_MAJOR = 1
 SUPPORTED_MINOR = 5
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
@@ -153,6 +153,7 @@ class Reward:
     pattern: str | None = None  # regex
     max_tokens: int | None = None  # length
     function: str | None = None  # python: "package.module:callable", in the image
+    model: str | None = None  # rewardModel: a sequence-classification model's directory (safetensors)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,19 @@ class GrpoConfig:
     loss_type: str = "dapo"
     beta: float = 0.0  # KL to the reference model; 0: no reference model (TRL's default)
     rewards: tuple[Reward, ...] = ()
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """The evaluation stage after training (``evaluation``; ``finetune_trainer.scoring``): greedy completions of a
+    held-out split's prompts, scored by GRPO's matchers."""
+
+    split: str
+    prompt_field: str
+    metrics: tuple[Reward, ...]
+    max_samples: int = 200
+    max_new_tokens: int = 64
+    batch_size: int = 8
 
 
 @dataclass(frozen=True)
@@ -230,6 +244,7 @@ class Config:
     cache_path: str | None = None  # the shared Hugging Face cache (HF_HOME); None: each pod downloads on its own
     push_to_hub: HubPush | None = None
     s3: S3Export | None = None
+    evaluation: EvaluationConfig | None = None
 
     @property
     def checkpoints_dir(self) -> str:
@@ -347,13 +362,12 @@ def _check_prompt_fields(d: dict[str, Any]) -> None:
             )
 
 
-def _grpo(g: dict[str, Any]) -> GrpoConfig:
-    """``training.grpo``, what it leaves out at the dataclasses' defaults."""
-    at, each = GrpoConfig(), Reward("", "")
-    rewards = []
-    for i, r in enumerate(g.get("rewards") or ()):
+def _rewards(raw: Any) -> tuple[Reward, ...]:
+    """Rewards (or the evaluation's metrics, the same shape) as the contract writes them, defaults filled in."""
+    each, out = Reward("", ""), []
+    for i, r in enumerate(raw or ()):
         kind = r["type"]
-        rewards.append(
+        out.append(
             Reward(
                 type=kind,
                 name=r.get("name") or f"{kind}-{i}",
@@ -364,15 +378,23 @@ def _grpo(g: dict[str, Any]) -> GrpoConfig:
                 pattern=r.get("pattern"),
                 max_tokens=r.get("maxTokens"),
                 function=r.get("function"),
+                model=r.get("model"),
             )
         )
+    return tuple(out)
+
+
+def _grpo(g: dict[str, Any]) -> GrpoConfig:
+    """``training.grpo``, what it leaves out at the dataclasses' defaults."""
+    at = GrpoConfig()
+    rewards = _rewards(g.get("rewards"))
     return GrpoConfig(
         num_generations=g.get("numGenerations", at.num_generations),
         max_completion_length=g.get("maxCompletionLength", at.max_completion_length),
         temperature=float(g.get("temperature", at.temperature)),
         loss_type=g.get("lossType", at.loss_type),
         beta=float(g.get("beta", at.beta)),
-        rewards=tuple(rewards),
+        rewards=rewards,
     )
 
 
@@ -384,6 +406,94 @@ def grpo_schema() -> dict[str, Any]:
     return found
 
 
+def _check_scorers(
+    scorers: tuple[Reward, ...], field: str, noun: str, prompt_column: str | None, reserved: list[str]
+) -> None:
+    """The rules GRPO's rewards and the evaluation's metrics share: what each kind needs, one name each, a reference
+    column that is neither the prompt column nor a name the function is given its own arguments under, a valid
+    regex."""
+    needs = grpo_schema()["properties"]["rewards"]["items"]["x-requires"]
+    attrs = {
+        "column": "column",
+        "pattern": "pattern",
+        "maxTokens": "max_tokens",
+        "function": "function",
+        "model": "model",
+    }
+    names = set()
+    for i, r in enumerate(scorers):
+        where = f"{field}[{i}]"
+        key = needs[r.type]
+        if getattr(r, attrs[key]) in (None, ""):
+            raise ConfigError(f"{where}.{key}", f"a {r.type} {noun} needs {key}; set spec.{where}.{key}")
+        if r.name in names:
+            raise ConfigError(f"{where}.name", f"{noun} name {r.name!r} is used twice; give each {noun} its own name")
+        names.add(r.name)
+        if r.column is not None and r.column == prompt_column:
+            raise ConfigError(f"{where}.column", f"{r.column!r} is the prompt column; name the reference answer's")
+        if r.column in reserved:
+            raise ConfigError(
+                f"{where}.column",
+                f"{r.column!r} is a name the {noun} functions are given their own arguments under "
+                f"({', '.join(reserved)}); rename the column",
+            )
+        if r.pattern is not None:
+            try:
+                re.compile(r.pattern)
+            except re.error as e:
+                raise ConfigError(f"{where}.pattern", f"not a valid regular expression: {e}") from None
+
+
+def evaluation_schema() -> dict[str, Any]:
+    """The contract's ``evaluation``: its metrics are reward items (``x-kinds`` the kinds that score, ``x-unused``
+    the reward settings that mean nothing there)."""
+    found: dict[str, Any] = schema()["properties"]["evaluation"]
+    return found
+
+
+EVALUATED_TASKS = ("causal-lm", "dpo", "grpo")  # the tasks whose model writes text
+
+
+def _evaluation(
+    raw: dict[str, Any], task: str, training: TrainingConfig, dataset: DatasetConfig, acceleration: str
+) -> EvaluationConfig:
+    """``evaluation``, defaults filled in, with the rules the schema cannot say (the operator enforces the same)."""
+    contract = evaluation_schema()
+    props, metrics_schema = contract["properties"], contract["properties"]["metrics"]
+    if task not in EVALUATED_TASKS:
+        raise ConfigError(
+            "evaluation",
+            f"the evaluation stage scores generated text: it is for tasks {', '.join(EVALUATED_TASKS)}, not {task!r} "
+            "(which reports its evaluation split's metrics: spec.training.evaluation)",
+        )
+    if training.sharding == "fsdp":
+        raise ConfigError(
+            "evaluation", "the evaluation stage generates on rank 0 with the whole model: not with FSDP; remove it"
+        )
+    if acceleration == "ort":
+        raise ConfigError("evaluation", "the evaluation stage runs on the default trainer image, not with ort")
+    for i, r in enumerate(raw.get("metrics") or ()):
+        if r["type"] not in metrics_schema["x-kinds"]:
+            raise ConfigError(
+                f"evaluation.metrics[{i}].type",
+                f"{r['type']!r} is not a matcher; use one of {', '.join(metrics_schema['x-kinds'])}",
+            )
+        for key in metrics_schema["x-unused"]:
+            if r.get(key) is not None:
+                raise ConfigError(f"evaluation.metrics[{i}].{key}", f"{key} is for GRPO's rewards; remove it")
+    prompt = raw.get("promptField") or dataset.prompt_field or "prompt"
+    metrics = _rewards(raw["metrics"])
+    _check_scorers(metrics, "evaluation.metrics", "metric", prompt, metrics_schema["x-reserved"])
+    return EvaluationConfig(
+        split=raw["split"],
+        prompt_field=prompt,
+        metrics=metrics,
+        max_samples=raw.get("maxSamples", props["maxSamples"]["default"]),
+        max_new_tokens=raw.get("maxNewTokens", props["maxNewTokens"]["default"]),
+        batch_size=raw.get("batchSize", props["batchSize"]["default"]),
+    )
+
+
 def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
     """The cross-field rules of task grpo that the schema cannot say (the operator enforces the same before any pod)."""
     g = training.grpo
@@ -391,31 +501,9 @@ def _check_grpo(training: TrainingConfig, dataset: DatasetConfig) -> None:
         raise ConfigError(
             "training.grpo.rewards", "task grpo needs at least one reward; set spec.training.grpo.rewards"
         )
-    names = set()
     contract = grpo_schema()
-    reward_schema = contract["properties"]["rewards"]["items"]
-    needs, reserved = reward_schema["x-requires"], reward_schema["properties"]["column"]["x-reserved"]
-    attrs = {"column": "column", "pattern": "pattern", "maxTokens": "max_tokens", "function": "function"}
-    for i, r in enumerate(g.rewards):
-        where = f"training.grpo.rewards[{i}]"
-        key = needs[r.type]
-        if getattr(r, attrs[key]) in (None, ""):
-            raise ConfigError(f"{where}.{key}", f"a {r.type} reward needs {key}; set spec.{where}.{key}")
-        if r.name in names:
-            raise ConfigError(f"{where}.name", f"reward name {r.name!r} is used twice; give each reward its own name")
-        names.add(r.name)
-        if r.column is not None and r.column == dataset.prompt_field:
-            raise ConfigError(f"{where}.column", f"{r.column!r} is the prompt column; name the reference answer's")
-        if r.column in reserved:
-            raise ConfigError(
-                f"{where}.column",
-                f"{r.column!r} is a name TRL gives its own reward arguments ({', '.join(reserved)}); rename the column",
-            )
-        if r.pattern is not None:
-            try:
-                re.compile(r.pattern)
-            except re.error as e:
-                raise ConfigError(f"{where}.pattern", f"not a valid regular expression: {e}") from None
+    reserved = contract["properties"]["rewards"]["items"]["properties"]["column"]["x-reserved"]
+    _check_scorers(g.rewards, "training.grpo.rewards", "reward", dataset.prompt_field, reserved)
     if training.packing:
         raise ConfigError("training.packing", "packing is for task causal-lm, not 'grpo'")
     for key, why in contract["x-fixedArgs"].items():
@@ -616,6 +704,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
         if hub
         else None,
         s3=S3Export(uri=s3["uri"], endpoint=s3.get("endpoint"), region=s3.get("region")) if s3 else None,
+        evaluation=_evaluation(raw["evaluation"], task, training, dataset, raw.get("acceleration", "auto"))
+        if raw.get("evaluation")
+        else None,
     )
 
 

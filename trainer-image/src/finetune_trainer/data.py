@@ -97,6 +97,27 @@ def validate_local_dataset(config: Config) -> None:
     check_columns(config, local_columns(ds, ds.split))
     if ds.eval_split:
         check_columns(config, local_columns(ds, ds.eval_split))
+    if config.evaluation is not None:
+        ev = config.evaluation
+        if not os.path.isdir(ds.path):
+            raise ConfigError(
+                "evaluation.split",
+                "the evaluation stage needs spec.dataset.path to be a directory holding <split>.<ext> files",
+            )
+        check_evaluation_columns(config, local_columns(ds, ev.split))
+
+
+def check_evaluation_columns(config: Config, columns: list[str]) -> None:
+    """The evaluation split holds the prompt column and every column a metric reads."""
+    ev = config.evaluation
+    assert ev is not None
+    wanted = [("evaluation.promptField", ev.prompt_field)]
+    wanted += [(f"evaluation.metrics[{i}].column", r.column) for i, r in enumerate(ev.metrics) if r.column]
+    for field, column in wanted:
+        if column not in columns:
+            raise ConfigError(
+                field, f"column {column!r} not in split {ev.split!r}'s columns {columns}; set spec.{field}"
+            )
 
 
 def load_split(config: Config, split: str) -> Any:

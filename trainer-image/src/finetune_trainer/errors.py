@@ -134,4 +134,43 @@ def result_summary(result: dict[str, Any]) -> dict[str, Any]:
         "samplesPerSecond": _num(result.get("samples_per_second")),
         "loss": _evenly(losses, MAX_RESULT_LOSS_POINTS),
         "eval": _evenly(evals, MAX_RESULT_EVAL_POINTS),
+        "evaluation": evaluation_summary(result),
     }
+
+
+# The final evaluation's metrics (finetune_trainer.evaluation.summarize) as status.evaluation names them
+FINAL_EVAL_KEYS: Final = {
+    "loss": "loss",
+    "perplexity": "perplexity",
+    "accuracy": "accuracy",
+    "f1": "f1",
+    "reward_accuracy": "rewardAccuracy",
+    "reward_margin": "rewardMargin",
+}
+
+
+def evaluation_summary(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The model's scores for ``status.evaluation``: the evaluation stage's (spec.evaluation: its state, split,
+    samples and each metric's mean) and the final evaluation on the evaluation split (held-out loss, perplexity,
+    accuracy, DPO's reward accuracy); None when the run had neither. At most about 1.5 KB."""
+    stage = result.get("evaluation") if isinstance(result.get("evaluation"), dict) else None
+    final = result.get("final_eval") if isinstance(result.get("final_eval"), dict) else None
+    if stage is None and final is None:
+        return None
+    out: dict[str, Any] = {}
+    if final is not None:
+        out["step"] = final.get("step")
+        out.update({name: v for key, name in FINAL_EVAL_KEYS.items() if (v := _num(final.get(key))) is not None})
+    if stage is not None:
+        out["state"] = stage.get("state")
+        out["split"] = stage.get("split")
+        if stage.get("message"):
+            out["message"] = str(stage["message"])[:200]
+        if isinstance(stage.get("samples"), int):
+            out["samples"] = stage["samples"]
+        scores = stage.get("scores") if isinstance(stage.get("scores"), dict) else {}
+        kept = {str(k)[:40]: _num(v) for k, v in list(scores.items())[:16]}
+        out["scores"] = {k: v for k, v in kept.items() if v is not None} or None
+        out["completionLength"] = _num(stage.get("completion_length_mean"))
+        out["seconds"] = _num(stage.get("seconds"))
+    return {k: v for k, v in out.items() if v is not None}

@@ -102,6 +102,7 @@ class TrainerMetrics:
         node_rank: int,
         registry: CollectorRegistry | None = None,
         rollouts: bool = False,
+        evaluation: bool = False,
     ):
         self.registry = registry or CollectorRegistry()
         values = (namespace, job, str(node_rank))
@@ -209,6 +210,20 @@ class TrainerMetrics:
             "finetune_train_rollout_tokens_per_second",
             "grpo: recent completion tokens generated per second of generation on this node",
         )
+        # The evaluation stage's series (spec.evaluation), on rank 0's page of the runs that have one, once it runs
+        evaluation_registry = r if evaluation else None
+        self.evaluation_samples = Gauge(
+            "finetune_evaluation_samples",
+            "The evaluation stage: prompts generated for so far",
+            LABELS,
+            registry=evaluation_registry,
+        ).labels(*values)
+        self._evaluation_score = Gauge(
+            "finetune_evaluation_score",
+            "The evaluation stage: one metric's mean score over the samples scored (0-1 for the matchers)",
+            (*LABELS, "metric"),
+            registry=evaluation_registry,
+        )
         # What the run trains with (acceleration: auto and kernels: auto settled), and why: 1 with those labels
         self._values = values
         self._choice = Gauge(
@@ -244,6 +259,9 @@ class TrainerMetrics:
 
     def set_reward_function(self, name: str, value: float) -> None:
         self._reward_function.labels(*self._values, name).set(value)
+
+    def set_evaluation_score(self, metric: str, value: float) -> None:
+        self._evaluation_score.labels(*self._values, metric).set(value)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
         """Start the HTTP endpoint; a port in use is logged, not fatal (metrics must never stop training)."""

@@ -14,7 +14,11 @@ weights. The kinds:
 - ``length``: 0 up to ``maxTokens`` completion tokens, then minus the share over it (-1 at twice the length);
 - ``python``: ``package.module:function``, a function with TRL's reward signature in a module installed in the
   image (its site-packages or this package): a module found anywhere else (a volume, a path set in the
-  environment) is refused, so a job's spec can never bring code.
+  environment) is refused, so a job's spec can never bring code;
+- ``rewardModel``: the score (its one logit) a sequence-classification model gives the prompt followed by the
+  completion (a conversation through its tokenizer's chat template when it has one). Weights only: safetensors, and
+  ``trust_remote_code`` off, so a model directory on a volume is data, never code. Loaded on first use, on the
+  rank's device, in inference mode.
 
 A conversational completion (a list of messages) is scored on its last message's content.
 """
@@ -107,6 +111,69 @@ def length(r: Reward) -> Callable[..., list[float]]:
     return score
 
 
+REWARD_MODEL_MAX_TOKENS = 4096  # a scored prompt and completion, truncated on the left beyond this
+
+
+def check_reward_model(path: str, field: str) -> None:
+    """The directory holds a model config and safetensors weights (a pickled checkpoint could run code on load)."""
+    if not os.path.isdir(path):
+        raise ConfigError(field, f"{path!r} is not a directory; mount the reward model's directory and name it")
+    names = os.listdir(path)
+    if "config.json" not in names:
+        raise ConfigError(field, f"{path!r} has no config.json: it is not a saved Hugging Face model")
+    if not any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+        raise ConfigError(
+            field,
+            f"{path!r} holds no safetensors weights; only safetensors are loaded (a pickled checkpoint can run code): "
+            "save it with save_pretrained(safe_serialization=True)",
+        )
+
+
+def _scored_text(prompt: Any, completion: Any, tokenizer: Any) -> str:
+    """What the reward model reads: the conversation through its chat template when it has one, else the prompt's
+    and the completion's text one after the other."""
+    if isinstance(prompt, list) and getattr(tokenizer, "chat_template", None):
+        reply = completion if isinstance(completion, list) else [{"role": "assistant", "content": str(completion)}]
+        return str(tokenizer.apply_chat_template([*prompt, *reply], tokenize=False))
+    said = " ".join(str(m.get("content", "")) for m in prompt) if isinstance(prompt, list) else str(prompt)
+    return said + completion_text(completion)
+
+
+def reward_model(r: Reward) -> Callable[..., list[float]]:
+    loaded: dict[str, Any] = {}
+
+    def load() -> dict[str, Any]:
+        if not loaded:
+            import torch
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            path = str(r.model)
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, use_safetensors=True, trust_remote_code=False
+            )
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            if model.config.pad_token_id is None:  # the last token of each row is found through the padding
+                model.config.pad_token_id = tokenizer.pad_token_id
+            tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+            loaded.update(tokenizer=tokenizer, model=model.to(device).eval(), device=device, torch=torch)
+        return loaded
+
+    def score(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        m = load()
+        texts = [_scored_text(p, c, m["tokenizer"]) for p, c in zip(prompts, completions, strict=True)]
+        enc = m["tokenizer"](
+            texts, return_tensors="pt", padding=True, truncation=True, max_length=REWARD_MODEL_MAX_TOKENS
+        ).to(m["device"])
+        with m["torch"].inference_mode():
+            logits = m["model"](**enc).logits
+        return [float(v) for v in logits[:, 0].float().tolist()]
+
+    return score
+
+
 def image_roots() -> list[str]:
     """Where a reward function's module may live: the interpreter's own libraries (the image's venv) and this
     package's directory."""
@@ -173,10 +240,21 @@ BUILT_IN = {"exactMatch": exact_match, "numericMatch": numeric_match, "regex": r
 
 def functions(config: Config) -> list[Callable[..., list[float]]]:
     """The job's reward functions in its order, each named as its metrics are (``rewards/<name>/mean``)."""
+    return scorers(config.training.grpo.rewards, "training.grpo.rewards")
+
+
+def scorers(rewards: tuple[Reward, ...], field: str) -> list[Callable[..., list[float]]]:
+    """Rewards (or the evaluation stage's metrics, ``field`` naming where they were set) as functions with TRL's
+    reward signature, in their order, each carrying its name."""
     out = []
-    for i, r in enumerate(config.training.grpo.rewards):
-        field = f"training.grpo.rewards[{i}].function"
-        fn = _named(python_function(r, field)) if r.type == "python" else BUILT_IN[r.type](r)
+    for i, r in enumerate(rewards):
+        if r.type == "python":
+            fn = _named(python_function(r, f"{field}[{i}].function"))
+        elif r.type == "rewardModel":
+            check_reward_model(str(r.model), f"{field}[{i}].model")
+            fn = reward_model(r)
+        else:
+            fn = BUILT_IN[r.type](r)
         fn.__name__ = r.name
         out.append(fn)
     return out

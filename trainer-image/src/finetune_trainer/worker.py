@@ -23,7 +23,18 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from finetune_trainer import accel, adapters, checkpoints, compat, data, diagnose, evaluation, resumption, sharding
+from finetune_trainer import (
+    accel,
+    adapters,
+    checkpoints,
+    compat,
+    data,
+    diagnose,
+    evaluation,
+    resumption,
+    scoring,
+    sharding,
+)
 from finetune_trainer.callbacks import CheckpointCallback, RunComplete, StopFlag
 from finetune_trainer.config import Config, load_config, model_head
 from finetune_trainer.errors import EXIT_TERMINATED, ConfigError
@@ -649,7 +660,11 @@ def set_up(config: Config, ident: Identity, launch_time: float) -> Setup:
         control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=args.ddp_timeout))
 
     metrics = TrainerMetrics(
-        namespace=config.job.namespace, job=config.job.name, node_rank=ident.node_rank, rollouts=config.task == "grpo"
+        namespace=config.job.namespace,
+        job=config.job.name,
+        node_rank=ident.node_rank,
+        rollouts=config.task == "grpo",
+        evaluation=config.evaluation is not None and ident.rank == 0,
     )
     metrics.rendezvous_duration.set(rendezvous_s)
     metrics.startup_launcher.set(phases["launcher_seconds"])
@@ -1002,58 +1017,64 @@ def save_results(
             log.info("retention: removed %s (the run is over)", c.path)
         steps_run = state.global_step - resumed_from
         whole = run_totals(config, ident)
-        _write_json(
-            config.result_path,
-            {
-                "steps": state.global_step,
-                "steps_this_attempt": steps_run,
-                "epochs": state.epoch,
-                "final_loss": final_loss,
-                "train_loss_mean": output.training_loss,
-                "loss_history": losses,
-                # The whole run, every attempt together (attempts/attempt-<n>.json, one entry each in "attempts"):
-                # the rows and tokens trained, and the steady state as the status and the Prometheus gauges show it
-                # (job-wide: nodes x node rate, over the steps after each attempt's first); start-up and warm-up are
-                # this attempt's separate figures below.
-                **whole,
-                "runtime_seconds": runtime,
-                "time_to_first_step_seconds": metrics_cb.time_to_first_step,
-                "warmup_seconds": metrics_cb.first_step_seconds,
-                "startup": {k: round(v, 3) for k, v in phases.items()},
-                "workers": workers_record(),
-                "resumed_from_step": resumed_from,
-                "resume_fallbacks": setup.resume_fallbacks,
-                "acceleration": kind,
-                "acceleration_requested": config.acceleration,
-                "acceleration_reason": why,
-                "kernels": setup.kernels,
-                "kernels_reason": setup.kernels_why,
-                "attention": attention,
-                "optimizer": optimizer_name(setup.args),
-                "precision": precision,
-                **batch_record(config, ident),
-                "attempt": ident.attempt,
-                "params": m.params,
-                "params_sha256": checksum,
-                "sharding": config.training.sharding,
-                # the peak of rank 0's GPU; null on CPU
-                "gpu_memory_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
-                "mfu": metrics_cb.steady_mfu(),  # rank 0's node at its steady rate; null on CPU or an unknown GPU
-                "model": model_result,
-                # Every evaluation ({"step", "loss", and perplexity, or accuracy and f1}) and the final model's.
-                "eval_history": metrics_cb.eval_history,
-                "final_eval": metrics_cb.eval_history[-1] if metrics_cb.eval_history else None,
-                # dpo: the rewards at every log of this attempt and the last ({"step", "accuracy", "margin",
-                # "chosen", "rejected"}), beta and the loss type; null for the other tasks
-                **(dpo_result(config, ds, metrics_cb) if ds.preference is not None else {"dpo": None}),
-                # grpo: every log of this attempt ({"step", "reward", "reward_std", "completion_length", "kl",
-                # "entropy", "rewards": {name: mean}}), the last, the settings, and rank 0's node's rollout rate
-                # (completion tokens per second of generation); null for the other tasks
-                **(grpo_result(config, ds, metrics_cb) if ds.prompts is not None else {"grpo": None}),
-            },
-        )
+        result = {
+            "steps": state.global_step,
+            "steps_this_attempt": steps_run,
+            "epochs": state.epoch,
+            "final_loss": final_loss,
+            "train_loss_mean": output.training_loss,
+            "loss_history": losses,
+            # The whole run, every attempt together (attempts/attempt-<n>.json, one entry each in "attempts"):
+            # the rows and tokens trained, and the steady state as the status and the Prometheus gauges show it
+            # (job-wide: nodes x node rate, over the steps after each attempt's first); start-up and warm-up are
+            # this attempt's separate figures below.
+            **whole,
+            "runtime_seconds": runtime,
+            "time_to_first_step_seconds": metrics_cb.time_to_first_step,
+            "warmup_seconds": metrics_cb.first_step_seconds,
+            "startup": {k: round(v, 3) for k, v in phases.items()},
+            "workers": workers_record(),
+            "resumed_from_step": resumed_from,
+            "resume_fallbacks": setup.resume_fallbacks,
+            "acceleration": kind,
+            "acceleration_requested": config.acceleration,
+            "acceleration_reason": why,
+            "kernels": setup.kernels,
+            "kernels_reason": setup.kernels_why,
+            "attention": attention,
+            "optimizer": optimizer_name(setup.args),
+            "precision": precision,
+            **batch_record(config, ident),
+            "attempt": ident.attempt,
+            "params": m.params,
+            "params_sha256": checksum,
+            "sharding": config.training.sharding,
+            # the peak of rank 0's GPU; null on CPU
+            "gpu_memory_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
+            "mfu": metrics_cb.steady_mfu(),  # rank 0's node at its steady rate; null on CPU or an unknown GPU
+            "model": model_result,
+            # Every evaluation ({"step", "loss", and perplexity, or accuracy and f1}) and the final model's.
+            "eval_history": metrics_cb.eval_history,
+            "final_eval": metrics_cb.eval_history[-1] if metrics_cb.eval_history else None,
+            # dpo: the rewards at every log of this attempt and the last ({"step", "accuracy", "margin",
+            # "chosen", "rejected"}), beta and the loss type; null for the other tasks
+            **(dpo_result(config, ds, metrics_cb) if ds.preference is not None else {"dpo": None}),
+            # grpo: every log of this attempt ({"step", "reward", "reward_std", "completion_length", "kl",
+            # "entropy", "rewards": {name: mean}}), the last, the settings, and rank 0's node's rollout rate
+            # (completion tokens per second of generation); null for the other tasks
+            **(grpo_result(config, ds, metrics_cb) if ds.prompts is not None else {"grpo": None}),
+            # the evaluation stage's record (finetune_trainer.scoring), once it ran; null without spec.evaluation
+            "evaluation": None,
+        }
+        _write_json(config.result_path, result)
     if dist.is_initialized():
         dist.barrier(group=setup.control_group)
+    if ident.rank == 0 and config.evaluation is not None:
+        # After the barrier: the other ranks exit while rank 0 generates, with the model already saved.
+        log.info("evaluation stage: split %r, up to %d samples", config.evaluation.split, config.evaluation.max_samples)
+        result["evaluation"] = scoring.run_safely(config, trainer.model, tokenizer, stop, setup.metrics)
+        _write_json(config.result_path, result)
+        log.info("evaluation stage: %s", json.dumps(result["evaluation"]))
     log.info("done: %d steps, final loss %.4f", state.global_step, final_loss if final_loss is not None else math.nan)
     return 0
 
