@@ -131,12 +131,7 @@ class ModelEvaluation:
         return found if found != cls() else None
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                out[camel(f.name)] = dict(value) if isinstance(value, dict) else value
-        return out
+        return flat_to_wire(self)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,27 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "spec.training.grpo.rewards[0].type",
     ),
     (
+        "evaluation-on-classification",
+        make_job("x").set("evaluation", {"split": "test", "metrics": [{"type": "regex", "pattern": "x"}]}).build(),
+        "spec.evaluation",
+    ),
+    (
+        "evaluation-length-metric",
+        make_job("x")
+        .set("task", "causal-lm")
+        .set("evaluation", {"split": "test", "metrics": [{"type": "length", "maxTokens": 3}]})
+        .build(),
+        "spec.evaluation.metrics[0].type",
+    ),
+    (
+        "reward-model-relative-path",
+        make_job("x")
+        .set("task", "grpo")
+        .set("training.grpo", {"rewards": [{"type": "rewardModel", "model": "rm"}]})
+        .build(),
+        "spec.training.grpo.rewards[0].model",
+    ),
+    (
         "liger-without-gpu",
         make_job("x").set("task", "causal-lm").set("training.kernels", "liger").build(),
         "spec.training.kernels",
