@@ -103,7 +103,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "evaluation-length-metric",
         make_job("x")
         .set("task", "causal-lm")
-        .set("evaluation", {"split": "test", "metrics": [{"type": "length", "maxTokens": 3}]})
+        .set("evaluation", {"split": "test", "metrics": [{"type": "length"}]})
         .build(),
         "spec.evaluation.metrics[0].type",
     ),
