@@ -63,22 +63,32 @@ def _number(d: dict[str, Any], key: str, where: str, kind: type, add: Add, *, le
     return kind(value)
 
 
-def reward(r: Any, f: str, i: int, add: Add, reserved: tuple[str, ...] = RESERVED_COLUMNS) -> dict[str, Any] | None:
-    """One reward (or one of the evaluation stage's metrics, the same shape, whose functions are given other
-    arguments: ``reserved``) at field ``f``, defaults filled in."""
+@dataclass(frozen=True)
+class Scorer:
+    """What a reward-shaped item is called in messages, the settings it takes, and the column names its functions
+    are given their own arguments under: GRPO's rewards, or the evaluation stage's metrics."""
+
+    noun: str = "reward"
+    settings: tuple[str, ...] = tuple(REWARD["properties"])
+    reserved: tuple[str, ...] = RESERVED_COLUMNS
+
+
+def reward(r: Any, f: str, i: int, add: Add, of: Scorer = Scorer()) -> dict[str, Any] | None:
+    """One reward (or an item of the same shape: ``of``) at field ``f``, defaults filled in."""
+    reserved = of.reserved
     if not isinstance(r, dict):
         add(f, f"must be an object with a type ({', '.join(REWARD_TYPES)}), got {r!r}")
         return None
-    unknown = sorted(set(r) - set(REWARD["properties"]))
+    unknown = sorted(set(r) - set(of.settings))
     if unknown:
-        add(f"{f}.{unknown[0]}", f"is not a reward setting (known: {', '.join(REWARD['properties'])})")
+        add(f"{f}.{unknown[0]}", f"is not a {of.noun} setting (known: {', '.join(of.settings)})")
     kind = r.get("type")
     if kind not in REWARD_TYPES:
         add(f"{f}.type", f"must be one of {', '.join(REWARD_TYPES)}, got {kind!r}")
         return None
     need = NEEDS[kind]
     if r.get(need) in (None, ""):
-        add(f"{f}.{need}", f"a {kind} reward needs {need}; set it")
+        add(f"{f}.{need}", f"a {kind} {of.noun} needs {need}; set it")
     out = {"type": kind, "name": r.get("name") or f"{kind}-{i}", "weight": r.get("weight", 1.0)}
     if not isinstance(out["name"], str) or not NAME_RE.match(out["name"]):
         add(f"{f}.name", f"must match {NAME_RE.pattern} (its metrics carry it), got {out['name']!r}")

@@ -22,6 +22,7 @@ SETTINGS: dict[str, Any] = _SCHEMA["properties"]
 KINDS: tuple[str, ...] = tuple(SETTINGS["metrics"]["x-kinds"])
 UNUSED: tuple[str, ...] = tuple(SETTINGS["metrics"]["x-unused"])
 RESERVED_COLUMNS: tuple[str, ...] = tuple(SETTINGS["metrics"]["x-reserved"])  # the metrics' own arguments
+METRIC = grpo.Scorer("metric", tuple(k for k in grpo.REWARD["properties"] if k not in UNUSED), RESERVED_COLUMNS)
 MAX_METRICS: int = SETTINGS["metrics"]["maxItems"]
 TASKS = ("causal-lm", "dpo", "grpo")  # the tasks whose model writes text
 FIELD = "spec.evaluation"
@@ -69,7 +70,7 @@ def _metric(m: Any, i: int, add: Add) -> dict[str, Any] | None:
             add(f"{f}.type", f"must be one of {', '.join(KINDS)} (a matcher), got {m['type']!r}")
             return None
     kept = {k: v for k, v in m.items() if k not in UNUSED} if isinstance(m, dict) else m
-    out = grpo.reward(kept, f, i, add, RESERVED_COLUMNS)
+    out = grpo.reward(kept, f, i, add, METRIC)
     if out is not None:
         out.pop("weight", None)
     return out

@@ -294,6 +294,10 @@ def test_a_stopped_or_failing_evaluation_is_recorded_not_raised(tmp_path: Path) 
     config, model, tokenizer, metrics = _evaluation_setup(tmp_path, metrics=broken)
     failed = scoring.run_safely(config, model, tokenizer, StopFlag(), metrics)
     assert failed["state"] == "Failed" and "TypeError" in failed["message"] and failed["split"] == "eval", failed
+    with pytest.raises(ValueError, match="mixes plain and conversational"):
+        scoring.prompt_kind(["a review", [{"role": "user", "content": "another"}]])
+    with pytest.raises(ValueError, match="row 1"):
+        scoring.prompt_kind(["a review", None])
 
 
 EVAL_BAD = [
@@ -317,6 +321,30 @@ def test_a_bad_evaluation_setting_is_refused_naming_the_field(
     with pytest.raises(ConfigError) as refused:
         parse_config(grpo_config(tmp_path / "out", evaluation={**EVALUATION, **evaluation}))
     assert refused.value.field == field, refused.value
+
+
+def test_the_launcher_refuses_what_the_stage_would_fail_on_before_training(tmp_path: Path) -> None:
+    """Before any worker: a key the 1.6 contract does not have (read strictly: it is this trainer's own version), a
+    python metric whose module is not in the image, and a local split file that does not exist, each naming its
+    field."""
+    from finetune_trainer import launcher
+    from finetune_trainer.config import parse_config
+    from finetune_trainer.env import RunEnv
+    from finetune_trainer.errors import ConfigError
+
+    run = RunEnv(nnodes=1, nproc_per_node=1, node_rank=0, master_addr="127.0.0.1", master_port=1, job_name="j",
+                 namespace="n", attempt=0)  # fmt: skip
+    cases = [
+        ({"topK": 5}, "evaluation"),
+        ({"metrics": [{"type": "python", "function": "not_installed_anywhere.mod:score"}]},
+         "evaluation.metrics[0].function"),
+        ({"split": "holdout"}, "evaluation.split"),
+    ]  # fmt: skip
+    for over, field in cases:
+        cfg = grpo_config(tmp_path / "out", configVersion="1.6", evaluation={**EVALUATION, **over})
+        with pytest.raises(ConfigError) as refused:
+            launcher.validate(parse_config(cfg), run, cuda_available=False)
+        assert refused.value.field == field, (over, refused.value)
 
 
 def test_an_evaluation_for_a_task_without_text_or_a_missing_column_is_refused(tmp_path: Path) -> None:
@@ -357,6 +385,13 @@ def tiny_reward_model(where: Path, *, safetensors: bool = True) -> Path:
     return where
 
 
+def _with_adapter(where: Path) -> Path:
+    """A reward model's directory that also holds a PEFT adapter's config (which would load a base from elsewhere)."""
+    tiny_reward_model(where)
+    (where / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "someone/else"}))
+    return where
+
+
 def test_a_reward_model_scores_each_completion_as_it_would_alone(tmp_path: Path) -> None:
     """Scores in a padded batch equal each row's score on its own (the head reads each row's last real token), a
     conversation is scored through the reward model's chat template, and only a saved model with safetensors
@@ -379,6 +414,7 @@ def test_a_reward_model_scores_each_completion_as_it_would_alone(tmp_path: Path)
         (tmp_path / "missing", "not a directory"),
         (tiny_reward_model(tmp_path / "pickled", safetensors=False), "safetensors"),
         (TINY / "prompts", "no config.json"),
+        (_with_adapter(tmp_path / "adapter"), "holds an adapter"),
     ):
         with pytest.raises(ConfigError) as refused:
             rewards.scorers((Reward("rewardModel", "judge", model=str(bad)),), "training.grpo.rewards")

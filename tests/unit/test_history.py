@@ -130,25 +130,8 @@ def test_the_trainers_summary_fits_a_termination_message_and_the_operator_reads_
         "samples_per_second": 123.456789,
         "loss_history": [[s, 1 / s] for s in range(5, 5001, 5)] + [[5000, float("nan")]],
         "eval_history": [{"step": s, "loss": 2 / s, "accuracy": 0.5} for s in range(100, 5001, 100)],
-        # the most an evaluation can say: the final held-out metrics and 16 metrics of 40-character names
-        "final_eval": {"step": 5000, "loss": 0.25, "reward_accuracy": 0.875, "reward_margin": 1.25},
-        "evaluation": {
-            "state": "Failed",
-            "message": "E" * 5000,
-            "split": "test",
-            "samples": 200,
-            "scores": {f"metric-{i:02d}".ljust(40, "x"): 1 / (i + 3) for i in range(16)},
-            "completion_length_mean": 12.345678,
-            "seconds": 3.25,
-        },
     }
     summary = result_summary(result)
-    from finetune_operator.status import ModelEvaluation
-
-    scores = ModelEvaluation.from_wire(summary["evaluation"])
-    assert scores is not None and scores.state == "Failed" and len(scores.message or "") == 200
-    assert (scores.step, scores.loss, scores.reward_accuracy, scores.samples) == (5000, 0.25, 0.875, 200)
-    assert scores.scores is not None and len(scores.scores) == 16 and scores.completion_length == 12.3457
     assert len(summary["loss"]) == 64 and summary["loss"][0] == [5, 0.2] and summary["loss"][-1] == [5000, 0.0002]
     assert len(summary["eval"]) == 16 and summary["eval"][-1] == [5000, 0.0004]
     assert summary["samplesPerSecond"] == 123.457 and (summary["steps"], summary["attempt"]) == (5000, 2)
@@ -156,6 +139,34 @@ def test_the_trainers_summary_fits_a_termination_message_and_the_operator_reads_
         {"reason": REASON_COMPLETED, "message": "trained to step 5000", "result": summary}, separators=(",", ":")
     )  # as finetune_trainer.errors.write_termination_log writes it
     assert len(message) < MAX_MESSAGE_CHARS
+    # the most a run can say: the final held-out metrics, a long split name, 16 metrics of 40-character names and a
+    # failure message of characters JSON escapes: the curves thin (first and last kept) so the whole still parses
+    worst = result_summary(
+        {
+            **result,
+            "final_eval": {"step": 5000, "loss": 0.25, "reward_accuracy": 0.875, "reward_margin": 1.25},
+            "evaluation": {
+                "state": "Failed",
+                "message": "é" * 5000,
+                "split": "s" * 253,
+                "samples": 200,
+                "scores": {f"metric-{i:02d}".ljust(40, "x"): 1 / (i + 3) for i in range(16)},
+                "completion_length_mean": 12.345678,
+                "seconds": 3.25,
+            },
+        }
+    )
+    written = json.dumps(
+        {"reason": REASON_COMPLETED, "message": "trained to step 5000", "result": worst}, separators=(",", ":")
+    )
+    assert len(written.encode()) < MAX_MESSAGE_CHARS < 4096, len(written)
+    assert worst["loss"][0] == [5, 0.2] and worst["loss"][-1] == [5000, 0.0002] and len(worst["loss"]) < 64
+    from finetune_operator.status import ModelEvaluation
+
+    scores = ModelEvaluation.from_wire(worst["evaluation"])
+    assert scores is not None and scores.state == "Failed" and scores.message == "é" * 200, scores
+    assert (scores.step, scores.loss, scores.reward_accuracy, scores.samples) == (5000, 0.25, 0.875, 200)
+    assert scores.scores is not None and len(scores.scores) == 16 and scores.completion_length == 12.3457
     pod = {
         "status": {
             "phase": "Succeeded",

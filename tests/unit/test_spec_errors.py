@@ -403,9 +403,13 @@ def test_the_evaluation_stage_defaults_its_settings_and_writes_them_for_the_trai
          "spec.evaluation.metrics[1].name", ["used twice"]),
         ({"evaluation": {**STAGE, "metrics": [{"type": "python", "function": "exec('x')"}]}},
          "spec.evaluation.metrics[0].function", ["package.module:function"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "exactMatch"}]}}, "spec.evaluation.metrics[0].column",
+         ["exactMatch metric needs column"]),
+        ({"evaluation": {**STAGE, "metrics": [{"type": "regex", "pattern": "x", "ref": "a"}]}},
+         "spec.evaluation.metrics[0].ref", ["not a metric setting", "column"]),
     ],
     ids=["task", "ort", "fsdp", "no-split", "no-metric", "samples", "unknown", "length", "weight", "regex",
-         "reserved", "prompt-column", "duplicate", "python"],
+         "reserved", "prompt-column", "duplicate", "python", "needs", "unknown-metric-key"],
 )  # fmt: skip
 def test_evaluation_stage_mistakes_name_their_field(over: dict[str, Any], field: str, words: list[str]) -> None:
     job = {"task": "causal-lm", "evaluation": STAGE, "dataset": {"path": "/d", "promptField": "q",

@@ -24,8 +24,8 @@ from finetune_trainer.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CONFIG_VERSION = "1.6"
-SUPPORTED_MAJOR = 1
-SUPPORTED_MINOR = 5
+# the contract this trainer implements; a newer minor is read leniently (its new fields ignored)
+SUPPORTED_MAJOR, SUPPORTED_MINOR = (int(part) for part in CONFIG_VERSION.split("."))
 DEFAULT_CONFIG_PATH = "/etc/finetune/config.json"
 CONFIG_DIGEST_ENV = "FINETUNE_CONFIG_SHA256"  # the operator's digest of the file it wrote (immutable pod env)
 CONFIG_SETTLE_SECONDS = 120.0  # the launcher waits this long for the kubelet to bring a changed file up to date

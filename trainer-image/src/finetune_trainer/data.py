@@ -104,7 +104,11 @@ def validate_local_dataset(config: Config) -> None:
                 "evaluation.split",
                 "the evaluation stage needs spec.dataset.path to be a directory holding <split>.<ext> files",
             )
-        check_evaluation_columns(config, local_columns(ds, ev.split))
+        try:
+            columns = local_columns(ds, ev.split)
+        except ConfigError as e:  # the split's file: named by the field that asked for it
+            raise ConfigError("evaluation.split", e.message) from None
+        check_evaluation_columns(config, columns)
 
 
 def check_evaluation_columns(config: Config, columns: list[str]) -> None:

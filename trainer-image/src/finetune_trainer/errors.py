@@ -30,6 +30,7 @@ REASON_COMPLETED: Final = "Completed"
 # The points of a success's curves in the termination log (kept under MAX_MESSAGE_CHARS with room to spare).
 MAX_RESULT_LOSS_POINTS: Final = 64
 MAX_RESULT_EVAL_POINTS: Final = 16
+MAX_RESULT_CHARS: Final = 2800  # the summary as written (ASCII: other characters escaped), under the 4 KB kept
 
 REASON_BY_EXIT: Final = {
     EXIT_TRAINING_ERROR: REASON_TRAINING,
@@ -116,8 +117,9 @@ def _num(v: Any) -> float | None:
 def result_summary(result: dict[str, Any]) -> dict[str, Any]:
     """What the operator adds to ``status.history`` when the job succeeds, from ``result.json``: the final step and
     attempt, the job's steady samples/s, the logged losses ``[step, loss]`` (at most :data:`MAX_RESULT_LOSS_POINTS`,
-    evenly spread, the last one kept) and the evaluations ``[step, loss]`` (at most :data:`MAX_RESULT_EVAL_POINTS`).
-    About 2 KB at most: the termination message keeps 4 KB."""
+    evenly spread, the last one kept), the evaluations ``[step, loss]`` (at most :data:`MAX_RESULT_EVAL_POINTS`) and
+    the model's scores (:func:`evaluation_summary`). Fitted under :data:`MAX_RESULT_CHARS` as the termination log
+    writes it (Kubernetes keeps 4 KB of it: a cut message would not parse at all): the curves thin first."""
     start = result.get("resumed_from_step") or 0  # the curves before it are earlier attempts': the status has them
     losses = [
         [int(s), v] for s, loss in result.get("loss_history") or [] if (v := _num(loss)) is not None and s > start
@@ -127,15 +129,35 @@ def result_summary(result: dict[str, Any]) -> dict[str, Any]:
         for e in result.get("eval_history") or []
         if e.get("step") is not None and (v := _num(e.get("loss"))) is not None and e["step"] > start
     ]
-    return {
-        "steps": result.get("steps"),
-        "attempt": result.get("attempt"),
-        "resumedFromStep": result.get("resumed_from_step"),  # the losses up to it are earlier attempts'
-        "samplesPerSecond": _num(result.get("samples_per_second")),
-        "loss": _evenly(losses, MAX_RESULT_LOSS_POINTS),
-        "eval": _evenly(evals, MAX_RESULT_EVAL_POINTS),
-        "evaluation": evaluation_summary(result),
-    }
+    loss, evals = _evenly(losses, MAX_RESULT_LOSS_POINTS), _evenly(evals, MAX_RESULT_EVAL_POINTS)
+    scores = evaluation_summary(result)
+
+    def summary() -> dict[str, Any]:
+        return {
+            "steps": result.get("steps"),
+            "attempt": result.get("attempt"),
+            "resumedFromStep": result.get("resumed_from_step"),  # the losses up to it are earlier attempts'
+            "samplesPerSecond": _num(result.get("samples_per_second")),
+            "loss": loss,
+            "eval": evals,
+            "evaluation": scores,
+        }
+
+    while len(json.dumps(summary(), separators=(",", ":"))) > MAX_RESULT_CHARS:
+        if len(loss) > 8 or len(evals) > 4:
+            loss, evals = _evenly(loss, max(2, len(loss) // 2)), _evenly(evals, max(2, len(evals) // 2))
+        elif scores is not None and scores.get("message"):
+            cut = scores["message"][:40]
+            scores = (
+                {**scores, "message": cut}
+                if len(scores["message"]) > 40
+                else {k: v for k, v in scores.items() if k != "message"}
+            )
+        elif scores is not None:  # long score names: result.json keeps them in full
+            scores = None
+        else:
+            break
+    return summary()
 
 
 # The final evaluation's metrics (finetune_trainer.evaluation.summarize) as status.evaluation names them

@@ -92,6 +92,8 @@ def validate(config: Config, run: RunEnv, *, cuda_available: bool) -> None:
         )
     if config.task == "grpo":
         rewards.check(config, world_size=run.world_size)
+    if config.evaluation is not None:  # the stage's metrics, before the training they would follow
+        rewards.scorers(config.evaluation.metrics, "evaluation.metrics")
     validate_llm(config, kind, cuda_available=cuda_available)
     if config.training.precision == "fp16" and not cuda_available:
         raise ConfigError("training.precision", "fp16 needs a GPU; use 'auto', 'bf16' or 'fp32' on CPU")

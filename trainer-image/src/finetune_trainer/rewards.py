@@ -111,7 +111,9 @@ def length(r: Reward) -> Callable[..., list[float]]:
     return score
 
 
-REWARD_MODEL_MAX_TOKENS = 4096  # a scored prompt and completion, truncated on the left beyond this
+REWARD_MODEL_MAX_TOKENS = (
+    4096  # a scored prompt and completion, truncated on the left beyond this (or the model's bound)
+)
 
 
 def check_reward_model(path: str, field: str) -> None:
@@ -121,6 +123,12 @@ def check_reward_model(path: str, field: str) -> None:
     names = os.listdir(path)
     if "config.json" not in names:
         raise ConfigError(field, f"{path!r} has no config.json: it is not a saved Hugging Face model")
+    if "adapter_config.json" in names:
+        raise ConfigError(
+            field,
+            f"{path!r} holds an adapter, which would load its base model from elsewhere; merge it into the model "
+            "(lora.merge) and name the merged model's directory",
+        )
     if not any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
         raise ConfigError(
             field,
@@ -158,15 +166,20 @@ def reward_model(r: Reward) -> Callable[..., list[float]]:
                 model.config.pad_token_id = tokenizer.pad_token_id
             tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-            loaded.update(tokenizer=tokenizer, model=model.to(device).eval(), device=device, torch=torch)
+            # the model's own bound where it has one (a BERT- or GPT-2-based reward model reads 512 or 1024 positions)
+            positions = getattr(model.config, "max_position_embeddings", None) or REWARD_MODEL_MAX_TOKENS
+            limit = min(REWARD_MODEL_MAX_TOKENS, int(tokenizer.model_max_length or REWARD_MODEL_MAX_TOKENS), positions)
+            loaded.update(
+                tokenizer=tokenizer, model=model.to(device).eval(), device=device, torch=torch, max_tokens=limit
+            )
         return loaded
 
     def score(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         m = load()
         texts = [_scored_text(p, c, m["tokenizer"]) for p, c in zip(prompts, completions, strict=True)]
-        enc = m["tokenizer"](
-            texts, return_tensors="pt", padding=True, truncation=True, max_length=REWARD_MODEL_MAX_TOKENS
-        ).to(m["device"])
+        enc = m["tokenizer"](texts, return_tensors="pt", padding=True, truncation=True, max_length=m["max_tokens"]).to(
+            m["device"]
+        )
         with m["torch"].inference_mode():
             logits = m["model"](**enc).logits
         return [float(v) for v in logits[:, 0].float().tolist()]

@@ -38,6 +38,22 @@ def prompt_text(prompt: Any, tokenizer: Any) -> tuple[str, bool]:
     return str(prompt), False
 
 
+def prompt_kind(prompts: list[Any]) -> str:
+    """'plain' (every prompt a non-empty string) or 'conversational' (every prompt a non-empty list of {role,
+    content} messages); anything else is an error naming the row."""
+    kinds = set()
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) and p.strip():
+            kinds.add("plain")
+        elif isinstance(p, list) and p and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in p):
+            kinds.add("conversational")
+        else:
+            raise ValueError(f"row {i}: the prompt is missing, empty, or neither a string nor a list of messages")
+    if len(kinds) > 1:
+        raise ValueError("the split mixes plain and conversational prompts; use one kind")
+    return kinds.pop() if kinds else "plain"
+
+
 def _trimmed(ids: list[int], stop_ids: set[int]) -> list[int]:
     """A generated row up to its first end-of-sequence or padding token."""
     for i, t in enumerate(ids):
@@ -64,7 +80,11 @@ def generate(
     if tokenizer.pad_token is None:  # a tokenizer without one pads with end-of-sequence, as TRL's generation does
         tokenizer.pad_token = tokenizer.eos_token
     pad = tokenizer.pad_token_id
-    stop_ids = {t for t in (tokenizer.eos_token_id, pad) if t is not None}
+    # every end-of-sequence id the model's generation config knows (Llama 3 and Qwen list several) and the padding
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    more = eos if isinstance(eos, list) else [eos]
+    stop_ids = {t for t in (tokenizer.eos_token_id, pad, *more) if isinstance(t, int)}
+    conversational = prompt_kind(prompts) == "conversational"
     device = next(model.parameters()).device
     completions: list[str] = []
     ids_out: list[list[int]] = []
@@ -73,13 +93,11 @@ def generate(
         for start in range(0, len(prompts), ev.batch_size):
             if stop.requested:
                 break
-            rendered = [prompt_text(p, tokenizer) for p in prompts[start : start + ev.batch_size]]
-            enc = tokenizer(
-                [text for text, _ in rendered],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=not rendered[0][1],
-            ).to(device)
+            rendered = [prompt_text(p, tokenizer)[0] for p in prompts[start : start + ev.batch_size]]
+            # a rendered conversation holds its special tokens already
+            enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=not conversational).to(
+                device
+            )
             with torch.inference_mode():
                 out = model.generate(
                     **enc, max_new_tokens=ev.max_new_tokens, do_sample=False, pad_token_id=pad, top_p=None, top_k=None
@@ -97,7 +115,7 @@ def generate(
 def score(
     functions: list[Callable[..., Any]],
     prompts: list[Any],
-    completions: list[str],
+    completions: list[Any],
     completion_ids: list[list[int]],
     columns: dict[str, list[Any]],
 ) -> dict[str, list[float]]:
@@ -131,6 +149,8 @@ def run(config: Config, model: Any, tokenizer: Any, stop: StopFlag, metrics: Any
     functions = rewards.scorers(ev.metrics, "evaluation.metrics")
     rows = data.load_split(config, ev.split)
     data.check_evaluation_columns(config, list(rows.column_names))
+    if len(rows) == 0:
+        raise ValueError(f"split {ev.split!r} has no rows")
     rows = rows.select(range(min(ev.max_samples, len(rows))))
     prompts = list(rows[ev.prompt_field])
     # every other column reaches the metrics by its name, but those named as the metrics' own arguments
@@ -139,7 +159,11 @@ def run(config: Config, model: Any, tokenizer: Any, stop: StopFlag, metrics: Any
     completions, ids = generate(model, tokenizer, prompts, ev, stop, done=metrics.evaluation_samples.set)
     n = len(completions)
     columns = {c: v[:n] for c, v in columns.items()}
-    scores = score(functions, prompts[:n], completions, ids, columns)
+    # a conversation's completion reaches the metrics as TRL gives it to rewards: one assistant message
+    said: list[Any] = completions
+    if prompt_kind(prompts) == "conversational":
+        said = [[{"role": "assistant", "content": c}] for c in completions]
+    scores = score(functions, prompts[:n], said, ids, columns)
     means = {name: mean(values) for name, values in scores.items()}
     for name, value in means.items():
         metrics.set_evaluation_score(name, value if value is not None else float("nan"))
@@ -153,7 +177,7 @@ def run(config: Config, model: Any, tokenizer: Any, stop: StopFlag, metrics: Any
                 "completion": completions[i],
                 "completion_tokens": len(ids[i]),
                 "references": {c: columns[c][i] for c in read},
-                "scores": {name: values[i] for name, values in scores.items()},
+                "scores": {name: values[i] if math.isfinite(values[i]) else None for name, values in scores.items()},
             }
             f.write(json.dumps(record, default=str) + "\n")
     os.replace(path + ".tmp", path)
