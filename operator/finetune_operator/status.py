@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from finetune_operator.failures import Failure
-from finetune_operator.history import History, camel, finite_number
+from finetune_operator.history import MAX_STEP, History, camel, finite_number
 
 # Job states (status.state), also the printer column.
 PENDING, CREATED, RUNNING, RESTARTING = "Pending", "Created", "Running", "Restarting"
@@ -64,7 +64,7 @@ def flat_from_wire(cls: Any, d: dict[str, Any], *, times: tuple[str, ...]) -> di
 
 def _count(value: Any) -> int | None:
     number = finite_number(value)
-    return int(number) if number is not None and 0 <= number < 2**53 and number == int(number) else None
+    return int(number) if number is not None and 0 <= number < MAX_STEP and number == int(number) else None
 
 
 def _text(value: Any, limit: int) -> str | None:

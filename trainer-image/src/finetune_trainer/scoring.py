@@ -69,10 +69,12 @@ def generate(
     ev: EvaluationConfig,
     stop: StopFlag,
     *,
+    conversational: bool,
     done: Callable[[int], None] = lambda n: None,
 ) -> tuple[list[str], list[list[int]]]:
-    """Greedy completions of ``prompts`` in batches of ``ev.batch_size``, left-padded, ``done`` told how many after
-    each batch; stops early (fewer completions) when a SIGTERM asks the pod to stop."""
+    """Greedy completions of ``prompts`` (lists of messages when ``conversational``: :func:`prompt_kind`) in batches
+    of ``ev.batch_size``, left-padded, ``done`` told how many after each batch; stops early (fewer completions) when a
+    SIGTERM asks the pod to stop."""
     import torch
 
     saved = tokenizer.padding_side, tokenizer.pad_token
@@ -84,7 +86,6 @@ def generate(
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     more = eos if isinstance(eos, list) else [eos]
     stop_ids = {t for t in (tokenizer.eos_token_id, pad, *more) if isinstance(t, int)}
-    conversational = prompt_kind(prompts) == "conversational"
     device = next(model.parameters()).device
     completions: list[str] = []
     ids_out: list[list[int]] = []
@@ -156,12 +157,15 @@ def run(config: Config, model: Any, tokenizer: Any, stop: StopFlag, metrics: Any
     # every other column reaches the metrics by its name, but those named as the metrics' own arguments
     reserved = {ev.prompt_field, *evaluation_schema()["properties"]["metrics"]["x-reserved"]}
     columns = {c: list(rows[c]) for c in rows.column_names if c not in reserved}
-    completions, ids = generate(model, tokenizer, prompts, ev, stop, done=metrics.evaluation_samples.set)
+    conversational = prompt_kind(prompts) == "conversational"
+    completions, ids = generate(
+        model, tokenizer, prompts, ev, stop, conversational=conversational, done=metrics.evaluation_samples.set
+    )
     n = len(completions)
     columns = {c: v[:n] for c, v in columns.items()}
     # a conversation's completion reaches the metrics as TRL gives it to rewards: one assistant message
     said: list[Any] = completions
-    if prompt_kind(prompts) == "conversational":
+    if conversational:
         said = [[{"role": "assistant", "content": c}] for c in completions]
     scores = score(functions, prompts[:n], said, ids, columns)
     means = {name: mean(values) for name, values in scores.items()}
