@@ -8,7 +8,7 @@ export FINETUNE_ORT_VENV := $(shell bash .ci/venv.sh --ort-path)
 CLUSTER = python3 -m hack.localcluster
 
 .PHONY: help setup host-packages binaries node-binaries images tools kueue cluster-up cluster-down cluster-status run \
-        test test-unit test-integration test-trainer test-ort test-chart test-e2e test-realnodes test-faults test-kueue soak run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
+        test test-unit test-integration test-trainer test-ort test-chart test-e2e test-realnodes test-faults test-kueue test-placement gangschedulers soak run-local kind-up kind-images kind-install kind-down lint bench generate verify operator
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -31,7 +31,10 @@ tools: ## build (or reuse) helm, promtool and controller-gen (+ Prometheus Opera
 kueue: ## build (or reuse) Kueue's controller manager (the Kueue tier's) from the Go module proxy
 	@bash hack/kueue/build.sh
 
-setup: host-packages binaries node-binaries tools kueue images ## install everything: both venvs (cached outside the repo), Kubernetes, real nodes, images, Kueue, chart tools
+gangschedulers: ## build (or reuse) the coscheduling scheduler and the PodGroup CRDs (placement tests) from the Go module proxy
+	@bash hack/gangschedulers/build.sh
+
+setup: host-packages binaries node-binaries tools kueue gangschedulers images ## install everything: both venvs (cached outside the repo), Kubernetes, real nodes, images, Kueue, gang schedulers, chart tools
 	@bash .ci/venv.sh
 
 cluster-up: binaries ## start the local control plane (NODES=2: and real nodes running the built images); prints KUBECONFIG
@@ -54,7 +57,7 @@ operator: setup ## run the operator against the local control plane (make cluste
 
 test: host-packages binaries node-binaries images ## run every test tier (unit, integration, chart, trainer on both stacks, e2e, real nodes, faults, Kueue)
 	@bash .ci/venv.sh
-	@$(PY) -m pytest  # helm, promtool and Kueue build in the background meanwhile when not cached (tests/prebuild.py)
+	@$(PY) -m pytest  # helm, promtool, Kueue and the gang schedulers build in the background meanwhile when not cached (tests/prebuild.py)
 
 test-unit: setup ## unit tests only (pure code, seconds)
 	@$(PY) -m pytest -m unit
@@ -65,8 +68,11 @@ test-integration: setup ## integration tests against the real kube-apiserver
 test-trainer: setup ## trainer tests: real torchrun/DDP training on CPU, default stack and ONNX Runtime stack
 	@$(PY) -m pytest -m trainer
 
-test-kueue: setup ## gang admission with a real Kueue (queueing, preemption, restarts and suspend that give quota back)
+test-kueue: setup ## gang admission with a real Kueue (queueing, preemption, restarts and suspend that give quota back, topology)
 	@$(PY) -m pytest -m kueue
+
+test-placement: setup ## placement: Kueue's topology-aware scheduling, the coscheduling scheduler, Volcano's PodGroup CRD
+	@$(PY) -m pytest -m "gangschedulers or kueue" -k "topology or gang"
 
 test-ort: setup ## the ONNX Runtime stack's tests only (ORTTrainer loss curve, resume, rejections)
 	@$(PY) -m pytest -m ort

@@ -1,10 +1,11 @@
 """The Go tools only some tiers need, built in the background while the tiers that do not need them run.
 
 On a cold machine helm, promtool and controller-gen (the chart tier, and helm for real nodes), Kueue's controller
-manager (the Kueue tests) and the distribution registry (the local release, real nodes) take about twelve minutes of
-compiling. The session runs its tiers in an order that puts
-the tests needing them late (``tier``) and starts their builds at the lowest CPU priority when the session begins, so
-they take the CPU the earlier tiers leave idle while they wait on the API server, kubelets and timeouts. A test that
+manager (the Kueue tests), the distribution registry (the local release, real nodes) and the gang schedulers' pieces
+(the coscheduling scheduler, the PodGroup CRDs) take about sixteen minutes of compiling. The session runs its tiers in
+an order that puts the tests needing them late (``tier``) and starts their builds at the lowest CPU priority when the
+session begins, so they take the CPU the earlier tiers leave idle while they wait on the API server, kubelets and
+timeouts. A test that
 needs a tool calls the same build script, which waits on the build's lock and then finds it complete. Warm, the
 builds are cached and nothing starts.
 """
@@ -24,12 +25,18 @@ SCRIPTS = {  # what the tests call to get each tool (hack/helmtools.ensure_tools
     "chart tools": ROOT / "hack" / "helmtools" / "build.sh",
     "kueue": ROOT / "hack" / "kueue" / "build.sh",
     "registry": ROOT / "hack" / "registry" / "build.sh",  # the local release (real nodes)
+    "gang schedulers": ROOT / "hack" / "gangschedulers" / "build.sh",  # coscheduling, PodGroup CRDs
 }
 
 
 def needs_tools(item: pytest.Item) -> bool:
     path = str(item.fspath)
-    return "/chart/" in path or "/realnodes/" in path or item.get_closest_marker("kueue") is not None
+    return (
+        "/chart/" in path
+        or "/realnodes/" in path
+        or item.get_closest_marker("kueue") is not None
+        or item.get_closest_marker("gangschedulers") is not None
+    )
 
 
 def tier(item: pytest.Item) -> int:
@@ -45,7 +52,7 @@ def tier(item: pytest.Item) -> int:
         return 4
     if "/chart/" in path:
         return 2
-    if item.get_closest_marker("kueue") is not None:
+    if item.get_closest_marker("kueue") is not None or item.get_closest_marker("gangschedulers") is not None:
         return 3
     return 1
 

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from hack.hostproc import https_answers, log_tail
 from hack.localcluster.cluster import _issue_cert, _openssl, free_port, stop_group
 
 HERE = Path(__file__).resolve().parent
@@ -121,13 +121,21 @@ class LocalKueue:
     """One Kueue controller manager for the control plane behind ``kubeconfig``. ``managed_label``: the namespace
     label (key, value) whose namespaces Kueue manages (its pod webhook sees no other namespace)."""
 
-    def __init__(self, kubeconfig: str, *, managed_label: tuple[str, str], kubectl: str) -> None:
+    def __init__(
+        self,
+        kubeconfig: str,
+        *,
+        managed_label: tuple[str, str],
+        kubectl: str,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.kubectl = kubectl
         self.managed = {"matchLabels": {managed_label[0]: managed_label[1]}}
         self.dir = Path(tempfile.mkdtemp(prefix="finetune-kueue-"))
         self.proc: subprocess.Popen[bytes] | None = None
         self.health_port = 0
+        self.extra_config = extra_config or {}  # more of Kueue's Configuration (MultiKueue's, say)
 
     def _kubectl(self, *args: str, stdin: str | None = None) -> str:
         proc = subprocess.run(
@@ -197,6 +205,7 @@ class LocalKueue:
                     cert_dir=self.dir / "webhook",
                     managed=self.managed,
                 )
+                | self.extra_config
             )
         )
         log = open(self.dir / "kueue.log", "ab")  # noqa: SIM115 - owned by the child
@@ -242,24 +251,14 @@ class LocalKueue:
 
     @staticmethod
     def _tls_up(port: int) -> bool:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-        try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=ctx):
-                return True
-        except urllib.error.HTTPError:
-            return True  # it answered: the server is up (the path is not one it serves)
-        except (urllib.error.URLError, OSError):
-            return False
+        return https_answers(port, any_status=True)  # it answered: the server is up (the path is not one it serves)
 
     def check(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             raise KueueError(f"kueue exited with {self.proc.returncode}; last lines of its log:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 60) -> str:
-        with contextlib.suppress(FileNotFoundError):
-            return "\n".join((self.dir / "kueue.log").read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return log_tail(self.dir / "kueue.log", lines)
 
     def stop(self) -> None:
         """Stop Kueue, and remove its webhook configurations first (they fail closed without it)."""
