@@ -53,17 +53,17 @@ def cluster_queue_name(ns: str) -> str:
     return f"cq-{ns}"
 
 
-def create_queues(c: Cluster, api: client.ApiClient, ns: str, quota: dict[str, str]) -> str:
-    """Label ``ns`` for Kueue, give it a ClusterQueue of its own with ``quota`` (preemption of lower priorities
-    within it) and LocalQueue ``team`` on it; returns the LocalQueue's name."""
-    c.run_kubectl("label", "namespace", ns, f"{MANAGED[0]}={MANAGED[1]}")
-    co = client.CustomObjectsApi(api)
-    co.create_cluster_custom_object(
+def create_cluster_queue(
+    api: client.ApiClient, name: str, ns: str, quota: dict[str, str], flavor: str = FLAVOR
+) -> None:
+    """ClusterQueue ``name`` for namespace ``ns`` with ``quota`` of ``flavor`` (preemption of lower priorities
+    within it)."""
+    client.CustomObjectsApi(api).create_cluster_custom_object(
         *KQ,
         "clusterqueues",
         _object(
             "ClusterQueue",
-            cluster_queue_name(ns),
+            name,
             spec={
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                 "preemption": {"withinClusterQueue": "LowerPriority"},
@@ -71,22 +71,29 @@ def create_queues(c: Cluster, api: client.ApiClient, ns: str, quota: dict[str, s
                     {
                         "coveredResources": list(quota),
                         "flavors": [
-                            {"name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}
+                            {"name": flavor, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}
                         ],
                     }
                 ],
             },
         ),
     )
+
+
+def create_queues(c: Cluster, api: client.ApiClient, ns: str, quota: dict[str, str], flavor: str = FLAVOR) -> str:
+    """Label ``ns`` for Kueue, give it a ClusterQueue of its own with ``quota`` of ``flavor`` and LocalQueue
+    ``team`` on it; returns the LocalQueue's name."""
+    c.run_kubectl("label", "namespace", ns, f"{MANAGED[0]}={MANAGED[1]}")
+    create_cluster_queue(api, cluster_queue_name(ns), ns, quota, flavor)
     return create_local_queue(api, ns, LOCAL_QUEUE)
 
 
-def create_local_queue(api: client.ApiClient, ns: str, name: str) -> str:
-    """LocalQueue ``name`` in ``ns`` on the namespace's ClusterQueue, once Kueue has taken it in (Active)."""
+def create_local_queue(api: client.ApiClient, ns: str, name: str, cluster_queue: str | None = None) -> str:
+    """LocalQueue ``name`` in ``ns`` on ``cluster_queue`` (the namespace's by default), once Kueue has taken it in
+    (Active)."""
     co = client.CustomObjectsApi(api)
-    co.create_namespaced_custom_object(
-        *KQ, ns, "localqueues", _object("LocalQueue", name, spec={"clusterQueue": cluster_queue_name(ns)})
-    )
+    cq = cluster_queue or cluster_queue_name(ns)
+    co.create_namespaced_custom_object(*KQ, ns, "localqueues", _object("LocalQueue", name, spec={"clusterQueue": cq}))
 
     def active() -> bool:
         lq = co.get_namespaced_custom_object(*KQ, ns, "localqueues", name)
@@ -100,12 +107,19 @@ def create_local_queue(api: client.ApiClient, ns: str, name: str) -> str:
 
 @contextmanager
 def namespace_queues(
-    request: Any, kueue: LocalKueue, c: Cluster, api: client.ApiClient, *, ns: str, quota: dict[str, str]
+    request: Any,
+    kueue: LocalKueue,
+    c: Cluster,
+    api: client.ApiClient,
+    *,
+    ns: str,
+    quota: dict[str, str],
+    flavor: str = FLAVOR,
 ) -> Iterator[str]:
     """``create_queues`` for a test (``request``: its pytest request); when the test failed, Kueue's log and the
     namespace's Workloads are printed. At the end the ClusterQueue is deleted: it is cluster-scoped, while the
     namespace's deletion removes the pods, so (garbage collector) their Workloads, and the LocalQueue."""
-    yield create_queues(c, api, ns, quota)
+    yield create_queues(c, api, ns, quota, flavor)
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         print("==== kueue log (tail) ====\n" + kueue.log_tail(80))

@@ -11,6 +11,7 @@ from typing import Any
 from finetune_operator.builders import output_claim_name
 from finetune_operator.guardrails import Violation
 from finetune_operator.kueue import WorkloadState
+from finetune_operator.placement import QueueTopology
 from finetune_operator.runtimes import Choice, spec_of
 from finetune_operator.settings import Settings
 from finetune_operator.spec import JobSpec, SpecError
@@ -40,6 +41,9 @@ class Observed:
     nodes_unreadable: bool = False  # reading a node was refused (no `nodes: get`)
     queue: WorkloadState | None = None  # Kueue's word on the attempt's Workload, read while its pods are gated
     runtime: Choice | None = None  # the job's runtime, read before an attempt starts (None: not read, no runtime)
+    queue_topology: QueueTopology | None = None  # what the job's Kueue queue offers (spec.topology), before an attempt
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # node → labels: where a topology's ranks run
+    admitted_copy: bool = False  # a MultiKueue worker's copy whose Workload was read and is MultiKueue's, admitted
 
 
 def claims_to_check(job: str, spec: JobSpec) -> list[tuple[str, str]]:
@@ -87,6 +91,8 @@ def _gpus_nodes(job: dict[str, Any]) -> tuple[int, int] | None:
     try:
         spec = spec_of(job, held=True)
     except (SpecError, KeyError, TypeError, ValueError):
+        return None
+    if spec.managed_by is not None:  # MultiKueue runs it on a worker (its status is the worker's copy's)
         return None
     return spec.nodes, spec.nodes * spec.gpus_per_node
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from finetune_operator import kueue
+from finetune_operator import gang, kueue, multikueue, placement
 from finetune_operator.settings import (
     API_VERSION,
     CONFIG_DIR,
@@ -374,15 +374,23 @@ def build_pod(
     ref: JobRef, spec: JobSpec, *, rank: int, attempt: int, settings: Settings, restarts_left: int = 0
 ) -> dict[str, Any]:
     name = pod_name(ref.name, rank)
-    kueue_labels, kueue_annotations = kueue.pod_metadata(spec.queue_name, ref.name, ref.uid, attempt, spec.nodes)
+    queue = None if spec.admitted_as else spec.queue_name  # a MultiKueue worker's copy is admitted already
+    kueue_labels, kueue_annotations = kueue.pod_metadata(queue, ref.name, ref.uid, attempt, spec.nodes)
+    gang_labels, gang_annotations = gang.pod_metadata(gang_of(spec, settings), pod_group_name(ref, attempt))
     labels = {
         **spec.pod_template.labels,
         **kueue_labels,
+        **gang_labels,
         **common_labels(ref.name, "trainer"),
         LABEL_RANK: str(rank),
         LABEL_ATTEMPT: str(attempt),
     }
-    annotations = {**spec.pod_template.annotations, **kueue_annotations}
+    annotations = {
+        **spec.pod_template.annotations,
+        **kueue_annotations,
+        **gang_annotations,
+        **placement.pod_annotations(spec.topology, LABEL_RANK),
+    }
 
     env: list[dict[str, Any]] = list(env_contract(ref, spec, rank=rank, attempt=attempt, restarts_left=restarts_left))
     env.append({"name": CONFIG_DIGEST_ENV, "value": config_digest(ref, spec)})
@@ -483,7 +491,9 @@ def build_pod(
     if tolerations:
         pod_spec["tolerations"] = tolerations
     affinity = dict(pt.affinity or {})
-    if spec.nodes > 1 and spec.gpus_per_node > 0 and not spec.mig and "podAntiAffinity" not in affinity:
+    spread = spec.topology is None  # with a topology, Kueue's TAS picks the nodes: an anti-affinity it does not
+    # read could leave a rank it put beside another one Pending forever
+    if spread and spec.nodes > 1 and spec.gpus_per_node > 0 and not spec.mig and "podAntiAffinity" not in affinity:
         # One trainer per machine for multi-node GPU jobs (whole GPUs): ranks on one node would share its PCIe
         # and network and turn a node failure into several rank failures. A user's own podAntiAffinity wins;
         # their node affinity (a GPU model, a zone) is kept alongside.
@@ -496,8 +506,11 @@ def build_pod(
         pod_spec["affinity"] = affinity
     if pt.priority_class_name or settings.trainer_priority_class:
         pod_spec["priorityClassName"] = pt.priority_class_name or settings.trainer_priority_class
+    scheduler = gang_of(spec, settings)
     if pt.scheduler_name:
         pod_spec["schedulerName"] = pt.scheduler_name
+    elif scheduler is not None:  # the gang scheduler binds the ranks (and an elastic job's placeholders)
+        pod_spec["schedulerName"] = gang.scheduler_name(scheduler)
     pull_secrets = list(pt.image_pull_secrets or ())
     pull_secrets += [s for s in settings.trainer_image_pull_secrets if s not in pull_secrets]
     if pull_secrets:
@@ -512,6 +525,46 @@ def build_pod(
 
 def placeholder_name(job: str, index: int) -> str:
     return f"{job}-grow-{index}"
+
+
+def gang_of(spec: JobSpec, settings: Settings) -> gang.GangScheduling | None:
+    """The job's gang scheduler besides Kueue: its own, else the Helm default (gang.py)."""
+    return gang.effective(spec.gang_scheduling, settings.gang_scheduler, settings.gang_scheduler_name)
+
+
+def pod_group_name(ref: JobRef, attempt: int) -> str:
+    """An attempt's PodGroup: named as its Kueue pod group (unique per job, attempt and uid; a label value)."""
+    return kueue.group_name(ref.name, attempt, ref.uid)
+
+
+def build_pod_group(ref: JobRef, spec: JobSpec, *, attempt: int, settings: Settings) -> dict[str, Any] | None:
+    """The attempt's PodGroup for its gang scheduler (None without one): ``minMember`` = the attempt's nodes."""
+    scheduler = gang_of(spec, settings)
+    if scheduler is None:
+        return None
+    meta = _meta(ref, pod_group_name(ref, attempt), {**common_labels(ref.name, "gang"), LABEL_ATTEMPT: str(attempt)})
+    return gang.pod_group(
+        scheduler,
+        name=meta["name"],
+        namespace=ref.namespace,
+        owner=meta["ownerReferences"][0],
+        labels=meta["labels"],
+        nodes=spec.nodes,
+    )
+
+
+def build_workload(ref: JobRef, spec: JobSpec, *, settings: Settings) -> dict[str, Any]:
+    """The manager-side Workload of a job MultiKueue dispatches (multikueue.py): its pods shaped as rank 0's."""
+    pod = build_pod(ref, spec, rank=0, attempt=0, settings=settings)
+    assert spec.queue_name is not None  # spec._managed_by requires it
+    return multikueue.workload(
+        name=multikueue.workload_name(ref.name, ref.uid),
+        namespace=ref.namespace,
+        owner=ref.owner_reference(),
+        queue=spec.queue_name,
+        nodes=spec.nodes,
+        pod=pod,
+    )
 
 
 def build_placeholder(
@@ -540,6 +593,8 @@ def build_placeholder(
         **common_labels(ref.name, PLACEHOLDER),
         LABEL_ATTEMPT: str(attempt),
     }
+    if spec.topology is not None:  # an elastic job's topology is unconstrained (placement.topology_problems)
+        kueue_annotations[placement.UNCONSTRAINED_ANNOTATION] = "true"
     pod["metadata"] = _meta(ref, placeholder_name(ref.name, index), labels, kueue_annotations)
     body = pod["spec"]
     (container,) = body["containers"]

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from finetune_operator import admission, guardrails, runtimes
+from finetune_operator import admission, guardrails, placement, runtimes
 from finetune_operator.builders import JobRef, output_claim_name, output_path
 from finetune_operator.history import series
 from finetune_operator.k8s import ApiError, Kube, Rejected
@@ -400,7 +400,7 @@ class FineTuneClient:
             return []
         meta, own = job["metadata"], parse_spec(job.get("spec") or {}, complete=False)
         ref = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid", ""))
-        found = self._claim_errors(ref.name, ref.namespace, eff.spec)
+        found = self._claim_errors(ref.name, ref.namespace, eff.spec) + self._placement_errors(ref.namespace, eff.spec)
         # An image of the operator's own settings (Helm values), which the user cannot read: the operator judges it
         helm_image = eff.values[0].source.startswith("Helm value")
         for layer, origin, theirs_too in eff.layers():
@@ -430,6 +430,17 @@ class FineTuneClient:
                 claims[claim] = pvc
         violation = admission.check_claims(name, spec, claims)
         return [violation.message] if violation else []
+
+    def _placement_errors(self, namespace: str, spec: JobSpec) -> list[str]:
+        """The operator's check of spec.topology against the job's Kueue queue (finetune_operator.placement), read with
+        the user's RBAC; nothing said where the user may not read a queue, a flavor or a Topology."""
+        if spec.topology is None:
+            return []
+        qt = placement.read_queue_topology(
+            lambda plural, name, ns: self.kube.get_kueue(plural, name, ns), namespace, spec.queue_name
+        )
+        why = placement.check(spec.topology, qt)
+        return [why] if why else []
 
     def validate(self, source: str | Path | dict[str, Any], *, offline: bool = False) -> JobSpec:
         """The typed spec the operator will run (defaults filled in, and online its runtime's template); raises

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from finetune_operator import admission, failpoints, kueue, runtimes
+from finetune_operator import admission, failpoints, kueue, multikueue, placement, runtimes
 from finetune_operator.admission import Observed
 from finetune_operator.builders import is_placeholder
 from finetune_operator.k8s import CREATED, FOREIGN, TAKEN, ApiError, Conflict, Kube, Rejected
@@ -29,7 +29,7 @@ from finetune_operator.reconcile import Event, Plan, create_rejected, decide, na
 from finetune_operator.scrape import Scraper
 from finetune_operator.settings import METRICS_PORT, Settings
 from finetune_operator.spec import SpecError
-from finetune_operator.state import Gang, Job, PodState, node_down, node_lost, read_job, read_pods
+from finetune_operator.state import Gang, Job, PodState, node_down, node_lost, placement_ranks, read_job, read_pods
 from finetune_operator.status import PENDING, RUNNING, STATES, TERMINAL, Progress
 from finetune_operator.store import Store
 
@@ -89,6 +89,7 @@ class Controller:
         # Whether this replica may run the backstop (kopf peering decides for its own handlers); standalone: always.
         self.active: Callable[[], bool] = lambda: True
         self._workloads_forbidden = False  # no RBAC to read Kueue's Workloads: said once in the log
+        self._kueue_forbidden = False  # nor its queues (spec.topology's check)
         # Jobs whose placeholder the API server refused: the delay before the next try, and when that may be.
         self._placeholders_refused: dict[Key, tuple[float, datetime]] = {}
 
@@ -229,6 +230,11 @@ class Controller:
         # The reads before an attempt starts (its runtime, claims, the namespace's use) only for a pass that may start
         # one: not while the job waits out a quota retry or for an earlier attempt's pods to go, which it may do for
         # minutes, a pass every few seconds each (two runtime LISTs and a claim GET a pass, for every waiting job).
+        if job.dispatched:  # MultiKueue runs it elsewhere: only its runtime, for its Workload, until it finished
+            choice = None
+            if job.spec is not None and not job.spec.suspend and status.state not in TERMINAL:
+                choice = self.kube.runtime_choice(job.ref.namespace, job.spec.runtime_ref)
+            return self._act(key, job, Observed(runtime=choice), pods, now)
         admitting = (
             status.state not in TERMINAL and status.attempt_start_time is None and self._may_start(job, pods, now)
         )
@@ -271,6 +277,17 @@ class Controller:
             pvc = self.kube.get_claim(job.ref.namespace, claim)
             if pvc is not None:
                 claims[claim] = pvc
+        queue_topology = None
+        if spec.topology is not None:  # the queue's Kueue objects, read only for a job that asks for a topology
+            queue_topology = placement.read_queue_topology(
+                lambda plural, name, ns: self.kube.get_kueue(plural, name, ns), job.ref.namespace, spec.queue_name
+            )
+            if queue_topology.unreadable and not self._kueue_forbidden:
+                log.warning(
+                    "the operator may not read Kueue's queues, flavors or Topologies: spec.topology is not checked "
+                    "before a job starts; install the chart with kueue.enabled=true"
+                )
+                self._kueue_forbidden = True
         held = None
         if usage:
             # From the store once the backstop has listed every job (its first tick); before that, from the API server:
@@ -282,7 +299,12 @@ class Controller:
                 else self.kube.list_jobs(job.ref.namespace)
             )
             held = admission.usage_of(jobs, exclude_uid=job.ref.uid)
-        return Observed(claims=claims, usage=held, runtime=choice)
+        copy = False
+        if job.prebuilt_workload:  # a MultiKueue worker's copy: its Workload must be MultiKueue's, admitted
+            copy = multikueue.admitted_copy(
+                self.kube.get_workload(job.ref.namespace, job.prebuilt_workload), spec.nodes
+            )
+        return Observed(claims=claims, usage=held, runtime=choice, queue_topology=queue_topology, admitted_copy=copy)
 
     def _pods(self, key: Key) -> list[PodState]:
         """The job's pods from the store when it can be trusted for them, else listed (and stored)."""
@@ -339,6 +361,43 @@ class Controller:
                 down[node_name] = why
         return down, False
 
+    def _placement_nodes(self, job: Job, pods: list[PodState]) -> dict[str, dict[str, str]]:
+        """The labels of the nodes an attempt's ranks were placed on, for the domain of each rank in the status: read
+        once per attempt of a job with a topology level, when every rank is bound and a pod's node selector does not
+        name the level (where the Topology's lowest level is the hostname, Kueue gives a pod only that one)."""
+        topology = job.spec.topology if job.spec is not None else None
+        placed = job.status.placement
+        if topology is None or topology.level is None or (placed is not None and placed.attempt == job.status.attempt):
+            return {}
+        ranks = placement_ranks(job, pods)
+        if ranks is None or all(topology.level in p.node_selector for p in ranks):
+            return {}
+        labels: dict[str, dict[str, str]] = {}
+        for node_name in sorted({p.node for p in ranks if p.node and topology.level not in p.node_selector}):
+            try:
+                node = self.kube.get_node(node_name)
+            except ApiError as e:
+                if e.code != 403:
+                    log.warning("cannot read node %s for the placement of its ranks (read again): %s", node_name, e)
+                    return {}  # a later pass reads it again
+                node = None  # no `nodes: get` (the chart grants it with operator.forceDelete): the domain stays ""
+            labels[node_name] = dict(((node or {}).get("metadata") or {}).get("labels") or {})
+        return labels
+
+    def _finish_workload(self, namespace: str, body: dict[str, Any]) -> None:
+        """Mark a MultiKueue worker's Workload Finished, once: only one MultiKueue made (its origin label), and not
+        again once finished (every pass of a finished copy would otherwise write it)."""
+        try:
+            wl = self.kube.get_workload(namespace, body["metadata"]["name"])
+            if wl is None or multikueue.is_finished(wl):
+                return
+            if not ((wl.get("metadata") or {}).get("labels") or {}).get(multikueue.ORIGIN_LABEL):
+                log.warning("%s/%s: not MultiKueue's Workload: left alone", namespace, body["metadata"]["name"])
+                return
+            self.kube.finish_workload(namespace, body)
+        except ApiError as e:  # the next pass of the finished job tries again
+            log.warning("%s/%s: cannot mark its Workload Finished: %s", namespace, body["metadata"]["name"], e)
+
     def _queue(self, job: Job) -> WorkloadState:
         """Kueue's word on the Workload of the job's current attempt, while Kueue holds its pods. Without
         ``workloads: get`` (the chart's kueue.enabled), the status says only that Kueue holds the pods."""
@@ -369,6 +428,8 @@ class Controller:
         down, unreadable = self._down_nodes(job, pods)
         if down or unreadable:
             observed = replace(observed, down_nodes=down, nodes_unreadable=unreadable)
+        if labels := self._placement_nodes(job, pods):
+            observed = replace(observed, node_labels=labels)
         if job.spec is not None and any(
             p.gated and p.attempt == job.status.attempt and not p.placeholder for p in pods
         ):
@@ -442,7 +503,9 @@ class Controller:
             if self.store is not None and (unsent := [n for n in new_pods if n not in sent]):
                 self.store.unexpect(key, added=unsent)  # never created: no event will come for them
         status = plan.status.to_wire()  # serialised once: the write, and the test for "nothing changed"
-        if status != job.wire_status:
+        if plan.keep_status:
+            pass  # MultiKueue writes this job's status (the worker's copy's)
+        elif status != job.wire_status:
             # Carries the resourceVersion the pass read, so it is the precondition of every delete after it: a pass
             # from a stale store (after a leader change, a watch gap) gets a Conflict here and deletes nothing.
             written = self.kube.replace_status(job.wire, status)
@@ -465,6 +528,8 @@ class Controller:
             self.store.expect(key, deleted=deleted)  # only deletions that were issued
         for kind, obj_name in plan.delete_objects:
             self.kube.delete_object(kind, namespace, obj_name)
+        if plan.finish_workload is not None:
+            self._finish_workload(namespace, plan.finish_workload)
         if plan.restart_reason:
             self.metrics.restarts.labels(finetune_namespace=namespace, reason=plan.restart_reason).inc()
         if plan.restarts_in_place:

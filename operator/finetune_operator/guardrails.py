@@ -211,6 +211,13 @@ def check(
             origin.format("allowedSchedulers"),
             "; leave it out for the cluster's default scheduler",
         ),
+        _outside(
+            "spec.gangScheduling.schedulerName",
+            own.gang_scheduling.scheduler_name if own.gang_scheduling is not None else None,
+            settings.allowed_schedulers,
+            origin.format("allowedSchedulers"),
+            "; leave it out for the gang scheduler's own name",
+        ),
     ):
         if refused is not None:
             return refused

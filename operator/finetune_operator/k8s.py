@@ -25,6 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from finetune_operator import runtimes
+from finetune_operator.gang import KIND, resource_key
 from finetune_operator.kueue import WORKLOAD_GROUP, WORKLOAD_PLURAL, WORKLOAD_VERSION
 from finetune_operator.settings import GROUP, LABEL_JOB, PLURAL, VERSION
 from finetune_operator.spec import RuntimeRef
@@ -121,6 +122,11 @@ _CHILDREN = {
     "PersistentVolumeClaim": lambda ns: _core(ns, "persistentvolumeclaims"),
     "PodDisruptionBudget": lambda ns: _group("policy", "v1", "poddisruptionbudgets", ns),
     "NetworkPolicy": lambda ns: _group("networking.k8s.io", "v1", "networkpolicies", ns),
+    # An attempt's PodGroup, of its gang scheduler (gang.py): keyed by kind and API group
+    "PodGroup.scheduling.x-k8s.io": lambda ns: _group("scheduling.x-k8s.io", "v1alpha1", "podgroups", ns),
+    "PodGroup.scheduling.volcano.sh": lambda ns: _group("scheduling.volcano.sh", "v1beta1", "podgroups", ns),
+    # A job dispatched by MultiKueue: its Workload on the manager cluster (multikueue.py)
+    "Workload": lambda ns: _group(WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, ns),
 }
 
 
@@ -304,6 +310,31 @@ class Kube:
         """A Kueue Workload, or None when it does not exist (or Kueue's CRDs are not installed)."""
         return self._read(_group(WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, namespace, name))
 
+    def get_kueue(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """One of Kueue's objects (a LocalQueue in ``namespace``; a ClusterQueue, ResourceFlavor or Topology), None
+        when absent; PermissionError when the operator may not read it (the chart's kueue.enabled)."""
+        try:
+            return self._read(_group(WORKLOAD_GROUP, WORKLOAD_VERSION, plural, namespace, name))
+        except ApiError as e:
+            if e.code == 403:
+                raise PermissionError(e.message) from e
+            raise
+
+    def finish_workload(self, namespace: str, body: dict[str, Any]) -> None:
+        """Server-side apply of a Workload's status (multikueue.finished: its Finished condition); gone is fine."""
+        path = _group(WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD_PLURAL, namespace, body["metadata"]["name"])
+        resp = self._request(
+            "patch",
+            "PATCH",
+            f"{path}/status",
+            body=body,
+            query={"fieldManager": "finetune-operator", "force": "true"},
+            ok=(404,),
+            content_type="application/apply-patch+yaml",
+        )
+        if resp is not None:
+            _release(resp.response)
+
     def get_runtime(self, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         """A runtime (``finetuneruntimes`` in ``namespace``, or ``clusterfinetuneruntimes``), None when absent."""
         return self._read(_group(GROUP, VERSION, plural, namespace, name))
@@ -361,9 +392,14 @@ class Kube:
         whose children the garbage collector has not removed yet; never adopted) or :data:`TAKEN` (an object of the
         same name that nothing controls). An object the API server refuses raises :class:`Rejected`."""
         meta = obj["metadata"]
-        path = _CHILDREN[obj["kind"]](meta["namespace"])
-        if self._write("create", "POST", path, body=obj, ok=(409,)):
-            return CREATED
+        path = _CHILDREN[resource_key(obj["kind"], obj["apiVersion"])](meta["namespace"])
+        try:
+            if self._write("create", "POST", path, body=obj, ok=(409,)):
+                return CREATED
+        except ApiError as e:
+            if e.code == 404 and obj["kind"] == KIND:  # the gang scheduler's CRD is not installed: never will be by us
+                raise Rejected(404, f"{obj['apiVersion']} PodGroup is not served: {e.message}") from e
+            raise
         owner = _controller_uid(obj)
         if owner is None:
             return EXISTS
@@ -399,7 +435,8 @@ class Kube:
         return self._write("delete", "DELETE", _core(namespace, "pods", name), body=options, ok=(404, 409))
 
     def delete_object(self, kind: str, namespace: str, name: str) -> None:
-        """Delete a job's non-pod child (its PodDisruptionBudget); gone already is fine."""
+        """Delete a job's non-pod child (its PodDisruptionBudget, an attempt's PodGroup by gang.resource_key); gone
+        already is fine."""
         self._write("delete", "DELETE", f"{_CHILDREN[kind](namespace)}/{_q(name)}", ok=(404,))
 
     def delete_job(self, namespace: str, name: str, *, uid: str) -> None:

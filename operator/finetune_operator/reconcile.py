@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from finetune_operator import admission, elastic, guardrails, history, runtimes
+from finetune_operator import admission, elastic, guardrails, history, multikueue, placement, runtimes
 from finetune_operator.admission import Observed
 from finetune_operator.builders import (
     build_config_map,
@@ -26,12 +26,17 @@ from finetune_operator.builders import (
     build_output_claim,
     build_pdb,
     build_placeholder,
+    build_pod_group,
     build_pods,
     build_service,
+    build_workload,
+    gang_of,
     placeholder_name,
+    pod_group_name,
     pod_name,
 )
 from finetune_operator.failures import Failure
+from finetune_operator.gang import API, KIND, resource_key
 from finetune_operator.kueue import WorkloadState, group_name, read_workload
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
 from finetune_operator.settings import Settings
@@ -48,6 +53,7 @@ from finetune_operator.status import (
     TERMINAL,
     Elastic,
     ModelEvaluation,
+    Placement,
     Progress,
     Status,
     merge_progress,
@@ -89,6 +95,8 @@ class Plan:
     restart_reason: str | None = None  # for the operator's restarts-by-reason metric
     restarts_in_place: int = 0  # restarts the trainer's agents made in place, newly seen by this pass (the same metric)
     resize: tuple[str, int] | None = None  # an elastic job's resize (Shrunk | Grown, steps lost): for the metrics
+    keep_status: bool = False  # a job MultiKueue dispatched: its status is the worker's, copied by MultiKueue
+    finish_workload: dict[str, Any] | None = None  # a worker's copy ended: its Workload's Finished (multikueue.py)
 
 
 @dataclass
@@ -163,7 +171,7 @@ class _Pass:
 
     def ttl(self) -> None:
         ttl, done = self.job.ttl_seconds_after_finished, self.st.completion_time
-        if ttl is None or done is None:
+        if ttl is None or done is None or self.job.prebuilt_workload:  # MultiKueue removes a worker's copy itself
             return
         if self.model_only_on_owned_claim():
             # Deleting the job would delete its claim, and with it the only copy of the trained model.
@@ -195,6 +203,8 @@ def decide(
 ) -> Plan:
     """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped);
     ``observed`` is what the controller read for the checks before an attempt starts (claims, namespace use)."""
+    if job.dispatched:  # MultiKueue runs it on a worker: its Workload here, and nothing else
+        return _dispatched(job, settings, observed or Observed())
     st = copy.deepcopy(job.status)
     st.observed_generation = job.generation
     observed = observed or Observed()
@@ -213,7 +223,31 @@ def decide(
     # The gang's PodDisruptionBudget lives while the job can run: it goes when the job stops or finishes.
     if job.pdb_enabled and st.state != p.was and st.state in (*TERMINAL, SUSPENDED):
         p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
+    if st.state != p.was and st.state in (*TERMINAL, SUSPENDED) and job.spec is not None:
+        _delete_pod_groups(p, job.spec, (job.status.attempt, st.attempt))
+    if job.prebuilt_workload and st.state in TERMINAL:  # the worker's quota back, and the manager told
+        message = st.failure.message if st.failure is not None else ""
+        p.plan.finish_workload = multikueue.finished(job.prebuilt_workload, st.state or "", message, now)
     return p.plan
+
+
+def _dispatched(job: Job, settings: Settings, observed: Observed) -> Plan:
+    """A manager's job with spec.managedBy: its Workload, shaped by its runtime as its pods would be (what the queues
+    count), while it has not finished; suspended, the Workload goes (MultiKueue then deletes the worker's copy), and
+    resuming makes it again, a new dispatch. Its status is the worker's copy's, which MultiKueue writes."""
+    plan = Plan(status=job.status, keep_status=True)
+    assert job.spec is not None
+    name = multikueue.workload_name(job.ref.name, job.ref.uid)
+    if job.spec.suspend:
+        plan.delete_objects.append((multikueue.KIND, name))
+    elif job.status.state not in TERMINAL:
+        try:
+            eff = runtimes.resolve(job.raw_spec, observed.runtime or runtimes.Choice(None, "none"), settings)
+            spec, settings = eff.spec, eff.settings
+        except SpecError:
+            spec = job.spec  # the worker's operator judges the job (and says why in the status MultiKueue copies)
+        plan.create.append(build_workload(job.ref, spec, settings=settings))
+    return plan
 
 
 def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed) -> None:
@@ -242,9 +276,38 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
         _start_attempt(p, spec, gang, observed)
     else:
         _watch_attempt(p, spec, gang, progress, observed.queue)
+        _record_placement(p, spec, gang, observed.node_labels)
 
 
 # -- the phases -------------------------------------------------------------------------------------------------
+
+
+def _delete_pod_groups(p: _Pass, spec: JobSpec, attempts: tuple[int, ...]) -> None:
+    """The PodGroups of ``attempts`` for the job's gang scheduler (none without one): an attempt that ended, the job
+    finished or suspended. Gone already is fine; deleting the job deletes any left (owner references)."""
+    scheduler = gang_of(spec, p.settings)
+    if scheduler is None:
+        return
+    key = resource_key(KIND, API[scheduler.scheduler])
+    for attempt in sorted(set(attempts)):
+        p.plan.delete_objects.append((key, pod_group_name(p.job.ref, attempt)))
+
+
+def _record_placement(p: _Pass, spec: JobSpec, gang: Gang, node_labels: dict[str, dict[str, str]]) -> None:
+    """status.placement: the topology domain of each rank, once every rank of the attempt is bound and each one's
+    domain is known (its node selector, else its node's labels as the controller read them); once per attempt."""
+    topology, placed = spec.topology, p.st.placement
+    if topology is None or topology.level is None or (placed is not None and placed.attempt == p.st.attempt):
+        return
+    if p.st.attempt != p.job.status.attempt or p.st.attempt_start_time is None:
+        return  # this pass ended the attempt (a restart, a resize): its pods are not the next attempt's
+    ranks = [pod for pod in gang.current if pod.node and not pod.deleting]
+    if len(ranks) != spec.nodes or not all(
+        topology.level in pod.node_selector or pod.node in node_labels for pod in ranks
+    ):
+        return
+    domains = tuple(placement.domain_of(topology, pod.node_selector, node_labels.get(pod.node or "")) for pod in ranks)
+    p.st.placement = Placement(p.st.attempt, topology.level, domains)
 
 
 def _stay_finished(p: _Pass, gang: Gang) -> None:
@@ -335,6 +398,8 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         _refuse(p, gang.mine, reason=violation.reason, message=violation.message)
         return
     spec, settings = eff.spec, eff.settings
+    if p.job.prebuilt_workload and observed.admitted_copy:  # a MultiKueue worker's copy, admitted as that Workload
+        spec = replace(spec, admitted_as=p.job.prebuilt_workload)
     floors = (
         settings.elastic_min_resize_cooldown_seconds,
         settings.elastic_min_unschedulable_seconds,
@@ -346,6 +411,10 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     claims = admission.check_claims(p.job.ref.name, spec, observed.claims)
     if claims is not None:
         _refuse(p, gang.mine, reason=claims.reason, message=claims.message)
+        return
+    if st.start_time is None and (unplaceable := placement.check(spec.topology, observed.queue_topology)):
+        # judged once, before the first pod: a queue edited while a job runs never fails it at a restart
+        _refuse(p, gang.mine, reason="InvalidSpec", message=unplaceable)
         return
     over = admission.check_namespace(spec, observed.usage, p.settings)
     if over is not None and over.permanent:
@@ -364,11 +433,19 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         )
         if rank not in present
     ]  # build_pods is in rank order; creation tolerates "already exists"
+    group = build_pod_group(ref, spec, attempt=st.attempt, settings=settings)  # before the ranks that name it
     extra = [
         o
-        for o in (build_output_claim(ref, spec), build_pdb(ref, spec), build_network_policy(ref, spec, settings))
+        for o in (
+            build_output_claim(ref, spec),
+            build_pdb(ref, spec),
+            build_network_policy(ref, spec, settings),
+            group,
+        )
         if o is not None
     ]
+    if group is not None and st.attempt > 0:  # the previous attempt's group (its ranks are gone)
+        _delete_pod_groups(p, spec, (st.attempt - 1,))
     p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
     st.attempt_start_time = now
     st.admission_retry_time = None
@@ -1153,6 +1230,11 @@ def create_rejected(
         text = (
             f"{text} — a job with spec.network.hostNetwork or spec.network.rdma needs a namespace labelled "
             "pod-security.kubernetes.io/enforce=privileged (docs/operations.md, GPU networking)"
+        )[:1024]
+    if what.startswith("PodGroup"):
+        text = (
+            f"{text} — a gang scheduler's PodGroups need its CRD installed and the chart's "
+            "gangScheduling.scheduler set to it (the operator's RBAC; docs/placement.md)"
         )[:1024]
     # The pods created before the refusal are deleted by the next pass, which finds the job finished.
     _refuse(p, [], reason="InvalidSpec", message=text)

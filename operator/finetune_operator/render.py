@@ -220,6 +220,8 @@ def status_block(
         _add(head, "Checkpoint", f"step {prog['lastCheckpointStep']}")
     if prog.get("stepsLostToRestarts"):
         _add(head, "Lost", f"{prog['stepsLostToRestarts']} step(s) to restarts")
+    if line := placement_line(st.get("placement"), st.get("attempt", 0)):
+        _add(head, "Placement", Text(line))
     if line := runtime_line(st.get("runtime")):
         _add(head, "Runtime", f"{line} (attempt {st['runtime'].get('attempt', 0)})")
     if line := evaluation_line(st.get("evaluation")):
@@ -280,6 +282,24 @@ def status_block(
             )
         parts.append(t)
     return Group(*parts)
+
+
+def placement_line(placed: dict[str, Any] | None, attempt: int) -> str:
+    """Where the current attempt's ranks landed, runs of consecutive ranks per domain:
+    "block: b1 (ranks 0-3)", "rack: r1 (ranks 0-1), r2 (ranks 2-4)"; "" for another attempt's record."""
+    if not placed or placed.get("attempt") != attempt or not isinstance(placed.get("domains"), list):
+        return ""
+    runs: list[tuple[str, int, int]] = []
+    for rank, domain in enumerate(placed["domains"]):
+        if runs and runs[-1][0] == domain:
+            runs[-1] = (domain, runs[-1][1], rank)
+        else:
+            runs.append((domain, rank, rank))
+    parts = [
+        f"{domain or '?'} (rank{'s' if last > first else ''} {first}{f'-{last}' if last > first else ''})"
+        for domain, first, last in runs
+    ]
+    return f"{placed.get('level', '')}: {', '.join(parts)}"
 
 
 def evaluation_line(ev: dict[str, Any] | None) -> str:

@@ -5,8 +5,9 @@ A runtime (``ClusterFineTuneRuntime``, cluster-scoped, or ``FineTuneRuntime``, i
 
 - ``images``: the trainer images, per stack (``default``: every acceleration but ort; ``ort``);
 - ``template``: FineTuneJob spec fields in the job's own shape (pod defaults, resources, env, network, the output
-  claim template, queueName, the shared cache, training defaults): **a field the job sets wins**, maps merge key by key
-  (the job's key wins), env, volumes and pull secrets merge by name (the job's entry wins), tolerations add up;
+  claim template, queueName, topology, gangScheduling, the shared cache, training defaults): **a field the job sets
+  wins**, maps merge key by key (the job's key wins), env, volumes and pull secrets merge by name (the job's entry
+  wins), tolerations add up;
 - ``guardrails``: limits on what a job may ask for. **They always apply**, on top of the operator's own (Helm
   ``guardrails``): a job must pass both.
 
@@ -51,6 +52,8 @@ WHOLE = (
     "podTemplate.schedulerName",
     "network",
     "queueName",
+    "topology",
+    "gangScheduling",
     "cache",
     "shmSize",
     "output.volumeClaimTemplate",

@@ -123,6 +123,8 @@ class Settings:
     allowed_priority_classes: tuple[str, ...] = ()
     allow_trust_remote_code: bool = True  # False: spec.model.trustRemoteCode is refused
     require_queue_name: bool = False  # True: every job must name a Kueue LocalQueue (spec.queueName)
+    gang_scheduler: str = ""  # "", coscheduling or volcano: the gang scheduler of jobs that name none (gang.py)
+    gang_scheduler_name: str = ""  # its pods' schedulerName ("": the scheduler's usual name)
     allowed_service_accounts: tuple[str, ...] = ()  # spec.podTemplate.serviceAccountName must be one of these
     allowed_toleration_keys: tuple[str, ...] = ()  # every toleration of spec.podTemplate must have one of these keys
     allowed_schedulers: tuple[str, ...] = ()  # spec.podTemplate.schedulerName must be one of these
@@ -181,6 +183,8 @@ class Settings:
             allowed_image_prefixes=_list("FINETUNE_ALLOWED_IMAGE_PREFIXES"),
             allowed_priority_classes=_list("FINETUNE_ALLOWED_PRIORITY_CLASSES"),
             require_queue_name=os.environ.get("FINETUNE_REQUIRE_QUEUE_NAME", "false").lower() in ("1", "true", "yes"),
+            gang_scheduler=_choice("FINETUNE_GANG_SCHEDULER", cls.gang_scheduler, ("", "coscheduling", "volcano")),
+            gang_scheduler_name=os.environ.get("FINETUNE_GANG_SCHEDULER_NAME", cls.gang_scheduler_name),
             allowed_service_accounts=_list("FINETUNE_ALLOWED_SERVICE_ACCOUNTS"),
             allowed_toleration_keys=_list("FINETUNE_ALLOWED_TOLERATION_KEYS"),
             allowed_schedulers=_list("FINETUNE_ALLOWED_SCHEDULERS"),

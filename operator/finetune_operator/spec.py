@@ -16,9 +16,12 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
+from finetune_operator.gang import GangScheduling, parse_gang_scheduling
 from finetune_operator.grpo import Grpo
 from finetune_operator.grpo import parse as parse_grpo
 from finetune_operator.grpo import problems as grpo_problems
+from finetune_operator.multikueue import MANAGED_BY as MULTIKUEUE
+from finetune_operator.placement import Topology, parse_topology, topology_problems
 from finetune_operator.scoring import Scoring
 from finetune_operator.scoring import parse as parse_scoring
 from finetune_operator.scoring import problems as scoring_problems
@@ -397,6 +400,10 @@ class JobSpec:
     pod_disruption_budget: bool = False
     runtime_ref: RuntimeRef | None = None
     elastic: Elastic | None = None
+    topology: Topology | None = None  # spec.topology: Kueue's topology-aware placement (finetune_operator.placement)
+    gang_scheduling: GangScheduling | None = None  # spec.gangScheduling: a gang scheduler besides Kueue (gang.py)
+    managed_by: str | None = None  # spec.managedBy: kueue.x-k8s.io/multikueue dispatches it (multikueue.py)
+    admitted_as: str | None = None  # a worker's copy: the Workload Kueue admitted it as (not a spec field)
     evaluation: Scoring | None = None  # the evaluation stage after training (finetune_operator.scoring)
 
     @property
@@ -658,6 +665,28 @@ def _parse_training(t: dict[str, Any], errors: _Errors) -> Training:
         if key in MANAGED_TRAINING_ARGS:
             errors.add(f"{f}.extraArgs.{key}", f"is managed by the operator; set {MANAGED_TRAINING_ARGS[key]} instead")
     return training
+
+
+def _managed_by(spec: dict[str, Any], errors: _Errors) -> str | None:
+    """spec.managedBy: only MultiKueue's value (a job the operator runs itself leaves it out); it needs a queue, the
+    manager's LocalQueue, a fixed size (MultiKueue admits one Workload for the job) and no topology."""
+    value = spec.get("managedBy")
+    if value is None:
+        return None
+    if value != MULTIKUEUE:
+        errors.add("spec.managedBy", f"{value!r}: the only value is {MULTIKUEUE} (leave it out to run the job here)")
+        return None
+    if not spec.get("queueName"):
+        errors.add("spec.queueName", f"is required with spec.managedBy {MULTIKUEUE}: the manager's LocalQueue")
+    if spec.get("elastic") is not None:
+        errors.add("spec.elastic", f"is not available with spec.managedBy {MULTIKUEUE}: remove one of them")
+    if spec.get("topology") is not None:
+        errors.add(
+            "spec.topology",
+            f"is not available with spec.managedBy {MULTIKUEUE}: the worker's copy runs outside its Kueue's queues "
+            "(its Workload was admitted by MultiKueue); remove one of them",
+        )
+    return str(value)
 
 
 def _parse_elastic(spec: dict[str, Any], nodes: int, errors: _Errors) -> Elastic | None:
@@ -947,6 +976,9 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
     job_spec = JobSpec(
         evaluation=parse_scoring(ev, errors.add) if ev is not None else None,
         elastic=elastic,
+        topology=(topology := parse_topology(spec.get("topology"), errors.add)),
+        gang_scheduling=parse_gang_scheduling(spec.get("gangScheduling"), errors.add),
+        managed_by=_managed_by(spec, errors),
         runtime_ref=runtime_ref_of(ref),
         model=model,
         dataset=dataset,
@@ -992,7 +1024,7 @@ def parse_spec(spec: dict[str, Any], *, complete: bool = True) -> JobSpec:
     if task == "grpo":
         for field_path, message in grpo_problems(job_spec):
             errors.add(field_path, message)
-    for field_path, message in scoring_problems(job_spec):
+    for field_path, message in (*scoring_problems(job_spec), *topology_problems(topology, elastic=elastic is not None)):
         errors.add(field_path, message)
     check_extra_args(job_spec, errors)
     errors.raise_any()

@@ -18,6 +18,7 @@ from finetune_operator.failures import (
     waiting_problem,
 )
 from finetune_operator.kueue import QUEUE_LABEL, is_kueue_gate
+from finetune_operator.multikueue import MANAGED_BY, claimed
 from finetune_operator.runtimes import spec_of
 from finetune_operator.settings import LABEL_ATTEMPT, LABEL_RANK
 from finetune_operator.spec import JobSpec, SpecError, check_name
@@ -36,6 +37,14 @@ class Job:
     ttl_seconds_after_finished: int | None  # read from the raw spec too, so it works when the spec does not parse
     pdb_enabled: bool
     wire: dict[str, Any] = field(repr=False, compare=False)  # the body as read: the status write sends it back
+    # A worker's copy of a job MultiKueue dispatched, by its labels: the Workload it says Kueue admitted it as
+    # (multikueue.py; checked against the Workload itself before the pods are built outside Kueue's queues)
+    prebuilt_workload: str | None = None
+
+    @property
+    def dispatched(self) -> bool:
+        """A manager's job that MultiKueue runs on a worker: the operator makes its Workload and nothing else."""
+        return self.spec is not None and self.spec.managed_by == MANAGED_BY and self.prebuilt_workload is None
 
     @property
     def wire_status(self) -> dict[str, Any]:
@@ -56,6 +65,7 @@ def read_job(wire: dict[str, Any]) -> Job:
         spec = spec_of(wire)  # with the runtime template its attempt was admitted with
     except (SpecError, KeyError, TypeError, ValueError) as e:
         error = str(e)
+    prebuilt = claimed(meta.get("labels") or {})
     ttl = raw_spec.get("ttlSecondsAfterFinished")
     return Job(
         ref=JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),
@@ -66,6 +76,7 @@ def read_job(wire: dict[str, Any]) -> Job:
         ttl_seconds_after_finished=int(ttl) if isinstance(ttl, int) else None,
         pdb_enabled=bool((raw_spec.get("podDisruptionBudget") or {}).get("enabled")),
         wire=wire,
+        prebuilt_workload=prebuilt,
     )
 
 
@@ -99,6 +110,8 @@ class PodState:
     # failures.completion_result: rank 0's summary of a succeeded run (not part of the pod's identity or hash)
     result: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     restarts_in_place: int = 0  # failures.restarts_in_place: the launcher's count, once the pod finished
+    # spec.nodeSelector: Kueue's topology-aware scheduling writes the pod's domain there when it lifts its gate
+    node_selector: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def deleting(self) -> bool:
@@ -141,11 +154,21 @@ def read_pod(wire: dict[str, Any]) -> PodState:
         placeholder=labels.get(COMPONENT_LABEL) == PLACEHOLDER,
         result=completion_result(wire),
         restarts_in_place=restarts_in_place(wire),
+        node_selector={str(k): str(v) for k, v in ((wire.get("spec") or {}).get("nodeSelector") or {}).items()},
     )
 
 
 def read_pods(wire: list[dict[str, Any]]) -> list[PodState]:
     return [read_pod(p) for p in wire]
+
+
+def placement_ranks(job: Job, pods: list[PodState]) -> list[PodState] | None:
+    """The current attempt's ranks, rank 0 first, once every one of them is bound to a node; None before."""
+    if job.spec is None:
+        return None
+    ranks = Gang.of(pods, uid=job.ref.uid, attempt=job.status.attempt).current
+    live = [p for p in ranks if not p.deleting and p.node]
+    return live if len(live) == job.spec.nodes and len({p.rank for p in live}) == job.spec.nodes else None
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,25 @@ class Condition:
         )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """``status.placement``: the topology domain (the value of ``level``'s node label) each rank of ``attempt`` landed
+    in, rank 0 first ("" where it could not be read); finetune_operator.placement."""
+
+    attempt: int
+    level: str
+    domains: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "level": self.level, "domains": list(self.domains)}
+
+    @classmethod
+    def from_wire(cls, d: Any) -> Placement | None:
+        if not isinstance(d, dict) or not isinstance(d.get("domains"), list):
+            return None
+        return cls(int(d.get("attempt") or 0), str(d.get("level") or ""), tuple(str(x) for x in d["domains"]))
+
+
 @dataclass
 class Status:
     """One job's status. ``ready_nodes``/``wanted_nodes`` are shown together as ``nodes`` ("2/4")."""
@@ -286,6 +305,7 @@ class Status:
     runtime: dict[str, Any] | None = None  # what the current attempt was admitted with (runtimes.record)
     elastic: Elastic | None = None  # an elastic job's size and batch
     evaluation: ModelEvaluation | None = None  # the trained model's scores, once the job succeeded
+    placement: Placement | None = None  # the topology domain of each rank (spec.topology with a level)
 
     # -- the wire form ------------------------------------------------------------------------------
 
@@ -326,6 +346,8 @@ class Status:
             out["elastic"] = self.elastic.to_wire()
         if self.evaluation is not None:
             out["evaluation"] = self.evaluation.to_wire()
+        if self.placement is not None:
+            out["placement"] = self.placement.to_wire()
         return out
 
     @classmethod
@@ -348,6 +370,7 @@ class Status:
             runtime=dict(d["runtime"]) if isinstance(d.get("runtime"), dict) else None,
             elastic=Elastic.from_wire(d["elastic"]) if isinstance(d.get("elastic"), dict) else None,
             evaluation=ModelEvaluation.from_wire(d.get("evaluation")),
+            placement=Placement.from_wire(d.get("placement")),
         )
         for name in cls._TIMES:
             setattr(st, name, parse_ts(d.get(camel(name))))

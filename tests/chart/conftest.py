@@ -65,6 +65,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
         },
         "dashboard": {"enabled": True, "annotations": {"grafana_folder": "Training"}},
+        "gangScheduling": {"scheduler": "coscheduling", "schedulerName": "default-scheduler"},
     },
     "namespaced": {
         "rbac": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]},
@@ -82,6 +83,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "maxNodesPerJob": 16,
             "maxGpusPerJob": 128,
         },
+        "gangScheduling": {"scheduler": "volcano"},
     },
     "standalone-minimal": {
         "peering": {"enabled": False},

@@ -8,6 +8,7 @@ where (and whether) each pod goes, the API server's quota and Pod Security admis
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,10 +28,20 @@ class GpuNodes:
     (with an IP), and a deleted pod exits 143 (SIGTERM) and has its deletion completed, as a kubelet would; except on
     a node in ``lost`` (no kubelet any more) or ``hung`` (deletions never finish)."""
 
-    def __init__(self, api: client.ApiClient, prefix: str, *, count: int, gpus: int = 8, taint: bool = True) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        prefix: str,
+        *,
+        count: int,
+        gpus: int = 8,
+        taint: bool = True,
+        labels: Callable[[int], dict[str, str]] | None = None,
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.names = [f"{prefix}-{i}" for i in range(count)]
         self.gpus, self.taint = gpus, taint
+        self.labels = labels or (lambda i: {})  # node i's labels besides the usual ones (a topology domain, say)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.hold_running: set[str] = set()  # pod names left Pending even when bound (tests that need it)
@@ -49,6 +60,7 @@ class GpuNodes:
                         "kubernetes.io/hostname": name,
                         "kubernetes.io/os": "linux",
                         "nvidia.com/gpu.present": "true",
+                        **self.labels(i),
                     },
                 },
             }

@@ -116,6 +116,26 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "spec.training.grpo.rewards[0].model",
     ),
     (
+        "topology-two-modes",
+        make_job("x").set("topology", {"required": "rack", "preferred": "rack"}).build(),
+        "spec.topology",
+    ),
+    (
+        "topology-elastic-required",
+        make_job("x").nodes(2).set("elastic", {"minNodes": 1}).set("topology", {"required": "rack"}).build(),
+        "spec.topology",
+    ),
+    (
+        "managed-by-without-queue",
+        make_job("x").set("managedBy", "kueue.x-k8s.io/multikueue").build(),
+        "spec.managedBy",
+    ),
+    (
+        "managed-by-someone-else",
+        make_job("x").set("managedBy", "example.com/other").set("queueName", "q").build(),
+        "spec.managedBy",
+    ),
+    (
         "liger-without-gpu",
         make_job("x").set("task", "causal-lm").set("training.kernels", "liger").build(),
         "spec.training.kernels",

@@ -14,11 +14,15 @@ One ClusterQueue per test holds GPU quota for one 2-node gang (16 GPUs); every j
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from finetune_operator.client import FineTuneClient, InvalidManifest
+from finetune_operator.k8s import Kube
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -30,6 +34,7 @@ from tests.integration.harness import FakeKubelet, Jobs
 from tests.kueueobjects import (
     KQ,
     Kueue,
+    create_cluster_queue,
     create_local_queue,
     namespace_queues,
     queued_condition,
@@ -299,3 +304,150 @@ def test_an_elastic_gang_runs_smaller_while_kueue_admits_only_that_and_grows_whe
     assert t.kq.condition(grow, "Admitted") or grow not in t.kq.workloads()  # admitted, then finished and removed
     assert t.kq.reserving() == [t.kq.wl("e", 2)] and t.kq.condition(t.kq.wl("e", 2), "Admitted")
     assert {e.reason for e in t.jobs.events("e")} >= {"Shrunk", "Grown"}
+
+
+# -- topology-aware placement ------------------------------------------------------------------------------------
+BLOCK = "topology.finetune.dev/block"
+TAS_NODE = "topology.finetune.dev/tas"  # the TAS flavor's node label: only the block nodes below carry it
+
+
+@dataclass
+class TasTier:
+    jobs: Jobs
+    kq: Kueue
+    nodes: GpuNodes
+
+    def block_of(self, node: str) -> str:
+        return f"b{self.nodes.names.index(node) // 4}"
+
+    def placed(self, job: str, nodes: int) -> list[Any]:
+        """The job's ranks, rank 0 first, once Kueue lifted their gates and each is bound to a node."""
+
+        def bound() -> list[Any] | None:
+            pods = [p for p in self.jobs.live_pods(job) if p.spec.node_name]
+            return pods if len(pods) == nodes else None
+
+        return sorted(
+            wait_for(bound, timeout=90, what=f"{job}'s {nodes} ranks placed"),
+            key=lambda p: int(p.metadata.labels["finetune.dev/node-rank"]),
+        )
+
+
+@pytest.fixture
+def tas(
+    request: pytest.FixtureRequest, kueue: LocalKueue, sched: Cluster, api: client.ApiClient, ns: str, *, operator: None
+) -> Iterator[TasTier]:
+    """Eight 8-GPU nodes in two blocks of four (b0: nodes 0-3, b1: 4-7), a Kueue Topology (block, then hostname),
+    a ResourceFlavor ``tas`` on it for those nodes, and LocalQueue ``team`` on a ClusterQueue with all their GPUs
+    under that flavor; the operator."""
+    nodes = GpuNodes(api, f"tas-{ns[-4:]}", count=8, labels=lambda i: {BLOCK: f"b{i // 4}", TAS_NODE: "true"}).start()
+    co = client.CustomObjectsApi(api)
+    topology = f"blocks-{ns[-6:]}"
+    flavor = f"tas-{ns[-6:]}"
+    co.create_cluster_custom_object(
+        *KQ,
+        "topologies",
+        {
+            "apiVersion": "/".join(KQ),
+            "kind": "Topology",
+            "metadata": {"name": topology},
+            "spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": "kubernetes.io/hostname"}]},
+        },
+    )
+    co.create_cluster_custom_object(
+        *KQ,
+        "resourceflavors",
+        {
+            "apiVersion": "/".join(KQ),
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            "spec": {"nodeLabels": {TAS_NODE: "true"}, "topologyName": topology},
+        },
+    )
+    quota = {"cpu": "1000", "memory": "10Ti", "nvidia.com/gpu": "64"}
+    with namespace_queues(request, kueue, sched, api, ns=ns, quota=quota, flavor=flavor):
+        yield TasTier(Jobs(api, ns), Kueue(api, ns), nodes)
+    nodes.stop()
+    co.delete_cluster_custom_object(*KQ, "resourceflavors", flavor)
+    co.delete_cluster_custom_object(*KQ, "topologies", topology)
+
+
+def topology_job(name: str, nodes: int, topology: dict[str, Any]) -> dict[str, Any]:
+    return gpu_job(name, nodes=nodes).set("queueName", "team").set("topology", topology).build()
+
+
+def runs(domains: list[str]) -> list[str]:
+    """The domains in rank order with consecutive repeats folded: each domain once when the ranks are in order."""
+    return [d for i, d in enumerate(domains) if i == 0 or domains[i - 1] != d]
+
+
+def test_a_required_topology_places_the_whole_gang_in_one_block_in_rank_order(tas: TasTier) -> None:
+    """A 4-node job that requires one block runs there (Kueue's TAS, its gate lifted with the domain's node selector)
+    with each rank's index as Kueue's pod group index; the status names each rank's block."""
+    submitted = time.monotonic()
+    tas.jobs.create(topology_job("req", 4, {"required": BLOCK}))
+    pods = tas.placed("req", 4)
+    print(json.dumps({"tas_required_4_ranks_submit_to_all_placed_s": round(time.monotonic() - submitted, 1)}))
+    blocks = [tas.block_of(p.spec.node_name) for p in pods]
+    assert len(set(blocks)) == 1, blocks
+    for rank, pod in enumerate(pods):
+        assert pod.metadata.labels["kueue.x-k8s.io/pod-group-pod-index"] == str(rank)
+        assert pod.metadata.annotations["kueue.x-k8s.io/podset-required-topology"] == BLOCK
+        assert pod.spec.node_selector.get("kubernetes.io/hostname") == pod.spec.node_name  # Kueue's assignment
+    tas.jobs.wait_state("req", "Running", timeout=60)
+    placed = wait_for(lambda: tas.jobs.status("req").get("placement"), timeout=60, what="status.placement")
+    assert placed == {"attempt": 0, "level": BLOCK, "domains": blocks}, placed
+
+
+def test_a_preferred_topology_spreads_only_when_no_block_has_room(tas: TasTier) -> None:
+    """Three ranks hold one block (b0 or b1, Kueue's choice), leaving one node there and four in the other. A
+    preferred 4-node job lands whole in the free block, although five nodes are free over both; once it is gone, a
+    preferred 5-node job must spread: four ranks in one block and one in the other, consecutive ranks together. A
+    required 5-node job would never fit in one block: Kueue keeps it queued and says why."""
+    tas.jobs.create(topology_job("hold", 3, {"required": BLOCK}))
+    held = {tas.block_of(p.spec.node_name) for p in tas.placed("hold", 3)}
+    assert len(held) == 1, held
+    tas.jobs.create(topology_job("whole", 4, {"preferred": BLOCK}))
+    whole = [tas.block_of(p.spec.node_name) for p in tas.placed("whole", 4)]
+    assert len(set(whole)) == 1 and set(whole) != held, (whole, held)
+    tas.jobs.delete("whole")
+    wait_for(lambda: not tas.jobs.live_pods("whole"), timeout=60, what="whole's ranks gone")
+    tas.jobs.create(topology_job("spread", 5, {"preferred": BLOCK}))
+    spread = [tas.block_of(p.spec.node_name) for p in tas.placed("spread", 5)]
+    assert sorted(spread.count(b) for b in set(spread)) == [1, 4] and len(runs(spread)) == 2, spread
+    placed = wait_for(lambda: tas.jobs.status("spread").get("placement"), timeout=60, what="status.placement")
+    assert placed["domains"] == spread, placed
+    tas.jobs.delete("spread")
+    tas.jobs.create(topology_job("never", 5, {"required": BLOCK}))
+    cond = queued_condition(tas.jobs, "never", timeout=90)
+    assert tas.kq.wl("never", 0) in cond["message"], cond  # Kueue's own words on the gang's Workload
+    assert tas.jobs.status("never")["state"] == "Created" and not any(
+        p.spec.node_name for p in tas.jobs.live_pods("never")
+    ), cond
+
+
+def test_a_topology_the_queue_cannot_honour_is_refused_before_any_pod(tas: TasTier, api: client.ApiClient) -> None:
+    """A level that is not in the queue's Topology, and a queue whose ClusterQueue has no topology-aware flavor, are
+    refused with the field named and no pod created; so is a queue that does not exist."""
+    rack = topology_job("rack", 2, {"required": "topology.finetune.dev/rack"})
+    with pytest.raises(InvalidManifest) as e:  # `finetune validate` and `submit` make the operator's check first
+        FineTuneClient(tas.jobs.ns, kube=Kube(api)).validate(json.loads(json.dumps(rack)))
+    assert "spec.topology.required: topology.finetune.dev/rack is not a level" in str(e.value), e.value
+    tas.jobs.create(rack)
+    st = tas.jobs.wait_state("rack", "Failed", timeout=60)
+    assert st["failure"]["reason"] == "InvalidSpec", st
+    msg = st["failure"]["message"]
+    assert msg.startswith("spec.topology.required: topology.finetune.dev/rack is not a level") and BLOCK in msg, msg
+    missing = gpu_job("lost", nodes=1).set("queueName", "nowhere").set("topology", {"preferred": BLOCK}).build()
+    tas.jobs.create(missing)
+    st = tas.jobs.wait_state("lost", "Failed", timeout=60)
+    assert "spec.topology.preferred" in st["failure"]["message"] and "LocalQueue nowhere" in st["failure"]["message"]
+    plain_cq = f"plain-{tas.jobs.ns}"
+    create_cluster_queue(api, plain_cq, tas.jobs.ns, {"nvidia.com/gpu": "8"})  # the flavor without a topology
+    create_local_queue(api, tas.jobs.ns, "plain", cluster_queue=plain_cq)
+    plain = gpu_job("plain", nodes=1).set("queueName", "plain").set("topology", {"required": BLOCK}).build()
+    tas.jobs.create(plain)
+    st = tas.jobs.wait_state("plain", "Failed", timeout=60)
+    assert "has no topology-aware ResourceFlavor" in st["failure"]["message"], st
+    assert not tas.jobs.live_pods("rack") and not tas.jobs.live_pods("lost") and not tas.jobs.live_pods("plain")
+    client.CustomObjectsApi(api).delete_cluster_custom_object(*KQ, "clusterqueues", plain_cq)

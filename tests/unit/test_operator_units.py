@@ -527,6 +527,9 @@ def test_layering_builders_and_decisions_do_no_io() -> None:
         "state",
         "progress",
         "kueue",
+        "placement",
+        "gang",
+        "multikueue",
     ]
     for mod in pure:
         tree = ast.parse((ROOT / "operator" / "finetune_operator" / f"{mod}.py").read_text())
@@ -1232,7 +1235,7 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
 
     from finetune_operator.failures import Failure
     from finetune_operator.history import EvalPoint, History, TrainPoint
-    from finetune_operator.status import Condition, Elastic, ModelEvaluation, Status
+    from finetune_operator.status import Condition, Elastic, ModelEvaluation, Placement, Status
 
     schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     sample = {"int | None": 7, "float | None": 1.5, "str | None": "x", "dict[str, float] | None": {"format": 0.5}}
@@ -1303,9 +1306,11 @@ def test_status_wire_form_is_the_crds_and_round_trips() -> None:
             completion_length=1.0,
             seconds=2.5,
         ),
+        placement=Placement(attempt=1, level="rack", domains=("r1", "r1", "r2")),
     )
     wire = full.to_wire()
     assert set(wire) == set(schema)
+    assert set(wire["placement"]) == set(schema["placement"]["properties"])
     assert set(wire["evaluation"]) == set(schema["evaluation"]["properties"])
     assert set(wire["progress"]) == set(schema["progress"]["properties"])
     for series in ("train", "eval"):

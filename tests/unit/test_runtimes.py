@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from finetune_operator import runtimes
+from finetune_operator.placement import Topology
 from finetune_operator.runtimes import CLUSTER_KIND, NAMESPACED_KIND, Choice, choose, merge, read_runtime, resolve
 from finetune_operator.settings import Settings
 from finetune_operator.spec import RuntimeRef, SpecError
@@ -521,3 +522,15 @@ def test_a_runtime_template_too_large_for_the_jobs_status_refuses_the_job_before
     assert "1281 KiB, over the 64 KiB" in message and "by reference" in message, message
     fits = runtime(template={"env": [{"name": "E", "value": "x" * 32 * 1024}]})
     assert decided(job(runtimeRef={"name": "gpu"}), observed=observed(fits)).status.state == "Created"
+
+
+def test_a_runtimes_topology_places_its_jobs_unless_a_job_sets_its_own_and_never_an_elastic_one() -> None:
+    """spec.topology merges whole: the runtime's for a job without one, the job's own wins; a runtime's required
+    topology on an elastic job is refused naming the field and the runtime."""
+    rt = Choice(read_runtime(runtime(template={"topology": {"required": "rack"}})), "spec.runtimeRef")
+    assert resolve(base_spec(nodes=2), rt, Settings()).spec.topology == Topology("required", "rack")
+    own = base_spec(nodes=2, topology={"preferred": "block"})
+    assert resolve(own, rt, Settings()).spec.topology == Topology("preferred", "block")
+    with pytest.raises(SpecError) as e:
+        resolve(base_spec(nodes=2, elastic={"minNodes": 1}), rt, Settings())
+    assert e.value.field == "spec.topology.required" and "ClusterFineTuneRuntime gpu" in str(e.value), e.value

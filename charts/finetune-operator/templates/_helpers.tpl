@@ -128,6 +128,15 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 {{- end }}
 {{- end -}}
 
+{{- define "finetune-operator.kueueClusterRules" -}}
+{{- if .Values.kueue.enabled }}
+# Kueue's cluster-scoped queue objects, read for a job with spec.topology before its first pod (docs/placement.md).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [clusterqueues, resourceflavors, topologies]
+  verbs: [get]
+{{- end }}
+{{- end -}}
+
 {{- define "finetune-operator.rules" -}}
 # FineTuneJobs: watched by kopf and the backstop resync; deleted when ttlSecondsAfterFinished expires.
 - apiGroups: [finetune.dev]
@@ -180,10 +189,27 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- with .Values.gangScheduling.scheduler }}
+# Each attempt's PodGroup for the gang scheduler (gangScheduling.scheduler): created before its ranks, the previous
+# attempt's deleted when the next starts; get as for Services (one that exists already is checked for its owner).
+- apiGroups: [{{ ternary "scheduling.x-k8s.io" "scheduling.volcano.sh" (eq . "coscheduling") }}]
+  resources: [podgroups]
+  verbs: [create, delete, get]
+{{- end }}
 {{- if .Values.kueue.enabled }}
-# Kueue's Workload of a queued attempt, read for its admission message (condition Queued); never written.
+# Kueue's Workload of a queued attempt, read for its admission message (condition Queued); and with MultiKueue
+# (docs/placement.md) the Workload of a job with spec.managedBy, which the operator creates on the manager cluster.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
+  verbs: [get, create]
+# MultiKueue, on a worker cluster: the Workload a dispatched copy was admitted as is marked Finished when it ends.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
+# A job with spec.topology: its LocalQueue, read before its first pod to check that the queue can place it (with the
+# cluster-scoped ClusterQueue, ResourceFlavors and Topologies: kueueClusterRules; docs/placement.md); never written.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues]
   verbs: [get]
 {{- end }}
 {{- end }}
