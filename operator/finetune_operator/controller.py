@@ -365,15 +365,17 @@ class Controller:
         """The labels of the nodes an attempt's ranks were placed on, for the domain of each rank in the status: read
         once per attempt of a job with a topology level, when every rank is bound and a pod's node selector does not
         name the level (where the Topology's lowest level is the hostname, Kueue gives a pod only that one)."""
-        topology = job.spec.topology if job.spec is not None else None
         placed = job.status.placement
-        if topology is None or topology.level is None or (placed is not None and placed.attempt == job.status.attempt):
-            return {}
-        ranks = placement_ranks(job, pods)
-        if ranks is None or all(topology.level in p.node_selector for p in ranks):
+        level = placement.level_to_record(
+            job.spec.topology if job.spec is not None else None,
+            placed.attempt if placed else None,
+            job.status.attempt,
+        )
+        ranks = placement_ranks(job, pods) if level is not None else None
+        if level is None or ranks is None or all(level in p.node_selector for p in ranks):
             return {}
         labels: dict[str, dict[str, str]] = {}
-        for node_name in sorted({p.node for p in ranks if p.node and topology.level not in p.node_selector}):
+        for node_name in sorted({p.node for p in ranks if p.node and level not in p.node_selector}):
             try:
                 node = self.kube.get_node(node_name)
             except ApiError as e:
@@ -391,7 +393,7 @@ class Controller:
             wl = self.kube.get_workload(namespace, body["metadata"]["name"])
             if wl is None or multikueue.is_finished(wl):
                 return
-            if not ((wl.get("metadata") or {}).get("labels") or {}).get(multikueue.ORIGIN_LABEL):
+            if not multikueue.made_by_multikueue(wl):
                 log.warning("%s/%s: not MultiKueue's Workload: left alone", namespace, body["metadata"]["name"])
                 return
             self.kube.finish_workload(namespace, body)

@@ -61,12 +61,18 @@ def admitted_copy(workload: dict[str, Any] | None, nodes: int) -> bool:
     """Whether ``workload`` (read from the worker's API server) is what MultiKueue made for a copy of ``nodes`` ranks:
     MultiKueue's origin label, admitted by the worker's Kueue, not finished, one PodSet of that size. A label a tenant
     wrote on a job cannot make one (tenants do not create Workloads): an unverified copy is queued as any job."""
-    if not workload or not (workload.get("metadata", {}).get("labels") or {}).get(ORIGIN_LABEL):
+    if not workload or not made_by_multikueue(workload):
         return False
     pod_sets = (workload.get("spec") or {}).get("podSets") or []
     conditions = {c.get("type"): c.get("status") for c in (workload.get("status") or {}).get("conditions") or []}
     sized = sum(int(ps.get("count") or 0) for ps in pod_sets) == nodes
     return sized and conditions.get("Admitted") == "True" and conditions.get("Finished") != "True"
+
+
+def made_by_multikueue(workload: dict[str, Any]) -> bool:
+    """``workload`` carries MultiKueue's origin label: MultiKueue made it on this worker (tenants create no Workloads;
+    Kueue's own for plain pods carry no such label)."""
+    return bool(((workload.get("metadata") or {}).get("labels") or {}).get(ORIGIN_LABEL))
 
 
 def is_finished(workload: dict[str, Any] | None) -> bool:

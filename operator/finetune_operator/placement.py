@@ -175,6 +175,14 @@ def check(topology: Topology | None, qt: QueueTopology | None) -> str | None:
     return None
 
 
+def level_to_record(topology: Topology | None, recorded_attempt: int | None, attempt: int) -> str | None:
+    """The topology level whose domains status.placement is yet to name for ``attempt`` (``recorded_attempt``: the
+    attempt it names now, None before any); None when the job asks for none or the attempt is recorded."""
+    if topology is None or topology.level is None or recorded_attempt == attempt:
+        return None
+    return topology.level
+
+
 def domain_of(topology: Topology, node_selector: Mapping[str, str], node_labels: Mapping[str, str] | None) -> str:
     """The domain (the level label's value) a rank landed in: from the node selector Kueue gave the pod, else from
     its node's labels; "" when neither says."""

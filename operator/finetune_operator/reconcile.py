@@ -41,7 +41,7 @@ from finetune_operator.kueue import WorkloadState, group_name, read_workload
 from finetune_operator.progress import attempt_gpu_seconds, steps_lost
 from finetune_operator.settings import Settings
 from finetune_operator.spec import JobSpec, SpecError, elastic_problems
-from finetune_operator.state import Gang, Job, PodState
+from finetune_operator.state import Gang, Job, PodState, bound_ranks
 from finetune_operator.status import (
     CREATED,
     FAILED,
@@ -297,17 +297,16 @@ def _record_placement(p: _Pass, spec: JobSpec, gang: Gang, node_labels: dict[str
     """status.placement: the topology domain of each rank, once every rank of the attempt is bound and each one's
     domain is known (its node selector, else its node's labels as the controller read them); once per attempt."""
     topology, placed = spec.topology, p.st.placement
-    if topology is None or topology.level is None or (placed is not None and placed.attempt == p.st.attempt):
+    level = placement.level_to_record(topology, placed.attempt if placed else None, p.st.attempt)
+    if topology is None or level is None:
         return
     if p.st.attempt != p.job.status.attempt or p.st.attempt_start_time is None:
         return  # this pass ended the attempt (a restart, a resize): its pods are not the next attempt's
-    ranks = [pod for pod in gang.current if pod.node and not pod.deleting]
-    if len(ranks) != spec.nodes or not all(
-        topology.level in pod.node_selector or pod.node in node_labels for pod in ranks
-    ):
+    ranks = bound_ranks(gang.current, spec.nodes)
+    if ranks is None or not all(level in pod.node_selector or pod.node in node_labels for pod in ranks):
         return
     domains = tuple(placement.domain_of(topology, pod.node_selector, node_labels.get(pod.node or "")) for pod in ranks)
-    p.st.placement = Placement(p.st.attempt, topology.level, domains)
+    p.st.placement = Placement(p.st.attempt, level, domains)
 
 
 def _stay_finished(p: _Pass, gang: Gang) -> None:

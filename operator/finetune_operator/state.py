@@ -166,9 +166,14 @@ def placement_ranks(job: Job, pods: list[PodState]) -> list[PodState] | None:
     """The current attempt's ranks, rank 0 first, once every one of them is bound to a node; None before."""
     if job.spec is None:
         return None
-    ranks = Gang.of(pods, uid=job.ref.uid, attempt=job.status.attempt).current
-    live = [p for p in ranks if not p.deleting and p.node]
-    return live if len(live) == job.spec.nodes and len({p.rank for p in live}) == job.spec.nodes else None
+    return bound_ranks(Gang.of(pods, uid=job.ref.uid, attempt=job.status.attempt).current, job.spec.nodes)
+
+
+def bound_ranks(current: list[PodState], nodes: int) -> list[PodState] | None:
+    """An attempt's ranks (``current``, rank 0 first) once each of its ``nodes`` ranks is bound to a node; None
+    before (a rank not yet bound, or one deleting and not yet replaced)."""
+    live = [p for p in current if not p.deleting and p.node]
+    return live if len(live) == nodes and len({p.rank for p in live}) == nodes else None
 
 
 @dataclass(frozen=True)
