@@ -12,18 +12,14 @@ objects against it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import subprocess
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from hack.hostproc import https_answers, log_tail
-from hack.localcluster.cluster import free_port, stop_group
+from hack.hostproc import HostProcess, https_answers
+from hack.localcluster.cluster import free_port
 
 HERE = Path(__file__).resolve().parent
 SCHEDULER_NAME = "scheduler-plugins-scheduler"
@@ -69,21 +65,23 @@ def configuration(kubeconfig: str) -> dict[str, Any]:
     }
 
 
-class LocalCoscheduling:
+class LocalCoscheduling(HostProcess):
     """The Coscheduling scheduler for the control plane behind ``kubeconfig`` (an admin's)."""
 
+    label = "the scheduler"
+    log_name = "scheduler.log"
+    error = SchedulerError
+
     def __init__(self, kubeconfig: str) -> None:
+        super().__init__("finetune-coscheduling-")
         self.kubeconfig = kubeconfig
-        self.dir = Path(tempfile.mkdtemp(prefix="finetune-coscheduling-"))
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> LocalCoscheduling:
         out = ensure_built()
         config = self.dir / "config.yaml"
         config.write_text(yaml.safe_dump(configuration(self.kubeconfig)))
         port = free_port()
-        log = open(self.dir / "scheduler.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
+        self.launch(
             [
                 str(out / "bin" / "kube-scheduler"),
                 f"--config={config}",
@@ -93,31 +91,7 @@ class LocalCoscheduling:
                 f"--secure-port={port}",
                 "--v=2",
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "KUBECONFIG": self.kubeconfig},
-            start_new_session=True,
+            self.kubeconfig,
         )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while not https_answers(port):
-            self.check()
-            if time.monotonic() > deadline:
-                raise SchedulerError(f"the scheduler did not start in {timeout:.0f}s:\n{self.log_tail()}")
-            time.sleep(0.3)
+        self.wait_until(lambda: https_answers(port), "the scheduler's health endpoint", timeout)
         return self
-
-    def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise SchedulerError(f"the scheduler exited with {self.proc.returncode}:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 60) -> str:
-        return log_tail(self.dir / "scheduler.log", lines)
-
-    def stop(self) -> None:
-        stop_group(self.proc)
-        with contextlib.suppress(OSError):
-            for f in self.dir.iterdir():
-                f.unlink()
-            self.dir.rmdir()

@@ -41,21 +41,10 @@ chmod -R u+w "$out/src/scheduler-plugins"
 [[ -x "$out/bin/kube-scheduler" ]] || { echo "the scheduler-plugins kube-scheduler did not build" >&2; exit 1; }
 
 # controller-gen in a throwaway module of its own, then Volcano's CRDs from its API types in another.
-(
-  mkdir -p "$out/src/controller-gen" && cd "$out/src/controller-gen"
-  printf 'module finetune.dev/gangschedulers/cg\n\ngo 1.26.0\n' > go.mod
-  go get "sigs.k8s.io/controller-tools@$CONTROLLER_TOOLS_VERSION" 2>&1 | grep -v '^go: downloading' || true
-  go build -trimpath -ldflags "-s -w" -o "$out/bin/controller-gen" sigs.k8s.io/controller-tools/cmd/controller-gen
-)
-(
-  mkdir -p "$out/src/volcano" && cd "$out/src/volcano"
-  api=volcano.sh/apis/pkg/apis/scheduling/v1beta1
-  printf 'module finetune.dev/gangschedulers/volcano\n\ngo 1.26.0\n' > go.mod
-  printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$api" > tools.go
-  go get "volcano.sh/apis@$VOLCANO_APIS_VERSION" 2>&1 | grep -v '^go: downloading' || true
-  echo "generating Volcano's CRDs from $api@$VOLCANO_APIS_VERSION"
-  "$out/bin/controller-gen" crd:crdVersions=v1 "paths=$api" "output:crd:dir=$out/crds"
-)
+go_tool controller-gen sigs.k8s.io/controller-tools "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen \
+  "$out/bin" "$out/src/controller-gen"
+crds_from_go_types "$out/bin/controller-gen" volcano.sh/apis "$VOLCANO_APIS_VERSION" \
+  volcano.sh/apis/pkg/apis/scheduling/v1beta1 "$out/src/volcano" "$out/crds"
 ls "$out/crds"
 for crd in scheduling.x-k8s.io_podgroups scheduling.volcano.sh_podgroups; do
   [[ -f "$out/crds/$crd.yaml" ]] || { echo "missing CRD $crd" >&2; exit 1; }

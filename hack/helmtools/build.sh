@@ -39,21 +39,10 @@ export GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$bin"
 start=$(date +%s)
 
+# shellcheck source=../lib/cached-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/cached-build.sh"
 # build <name> <module> <version> <package> [ldflags] [tags]
-build() {
-  local name="$1" module="$2" version="$3" pkg="$4" ldflags="${5:-}" tags="${6:-}"
-  local src="$out/src/$name"
-  rm -rf "$src"
-  mkdir -p "$src"
-  (
-    cd "$src"
-    printf 'module finetune.dev/helmtools/%s\n\ngo 1.26.0\n' "$name" > go.mod
-    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
-    go get "$module@$version" 2>&1 | grep -v '^go: downloading' || true
-    echo "building $name $version"
-    go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$bin/$name" "$pkg"
-  )
-}
+build() { go_tool "$1" "$2" "$3" "$4" "$bin" "$out/src/$1" "${5:-}" "${6:-}"; }
 
 if [[ ! -f "$out/.helm-complete" ]]; then
   build helm helm.sh/helm/v4 "$HELM_VERSION" helm.sh/helm/v4/cmd/helm \
@@ -68,18 +57,9 @@ build promtool github.com/prometheus/prometheus "$PROMETHEUS_VERSION" github.com
 build controller-gen sigs.k8s.io/controller-tools "$CONTROLLER_TOOLS_VERSION" sigs.k8s.io/controller-tools/cmd/controller-gen
 
 # The Prometheus Operator CRDs, generated from the Go types of the monitoring API module.
-gen="$out/src/monitoring"
-rm -rf "$gen" "$out/crds"
-mkdir -p "$gen" "$out/crds"
-(
-  cd "$gen"
-  mon=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring
-  printf 'module finetune.dev/helmtools/monitoring\n\ngo 1.26.0\n' > go.mod
-  printf '//go:build tools\n\npackage tools\n\nimport _ "%s/v1"\n' "$mon" > tools.go
-  go get "$mon@$PROM_OPERATOR_VERSION" 2>&1 | grep -v '^go: downloading' || true
-  echo "generating Prometheus Operator CRDs from $mon@$PROM_OPERATOR_VERSION"
-  "$bin/controller-gen" crd:crdVersions=v1 "paths=$mon/v1" "output:crd:dir=$out/crds"
-)
+rm -rf "$out/src/monitoring" "$out/crds"
+mon=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring
+crds_from_go_types "$bin/controller-gen" "$mon" "$PROM_OPERATOR_VERSION" "$mon/v1" "$out/src/monitoring" "$out/crds"
 ls "$out/crds"
 for kind in servicemonitors podmonitors prometheusrules; do
   [[ -f "$out/crds/monitoring.coreos.com_$kind.yaml" ]] || { echo "missing CRD $kind" >&2; exit 1; }

@@ -21,8 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -30,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from hack.hostproc import https_answers, log_tail
-from hack.localcluster.cluster import _issue_cert, _openssl, free_port, stop_group
+from hack.hostproc import HostProcess, https_answers
+from hack.localcluster.cluster import _issue_cert, _openssl, free_port
 
 HERE = Path(__file__).resolve().parent
 VERSION = (HERE / "version").read_text().strip()
@@ -117,9 +115,21 @@ def configuration(
     }
 
 
-class LocalKueue:
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class LocalKueue(HostProcess):
     """One Kueue controller manager for the control plane behind ``kubeconfig``. ``managed_label``: the namespace
     label (key, value) whose namespaces Kueue manages (its pod webhook sees no other namespace)."""
+
+    label = "kueue"
+    log_name = "kueue.log"
+    error = KueueError
 
     def __init__(
         self,
@@ -129,11 +139,10 @@ class LocalKueue:
         kubectl: str,
         extra_config: dict[str, Any] | None = None,
     ) -> None:
+        super().__init__("finetune-kueue-")
         self.kubeconfig = kubeconfig
         self.kubectl = kubectl
         self.managed = {"matchLabels": {managed_label[0]: managed_label[1]}}
-        self.dir = Path(tempfile.mkdtemp(prefix="finetune-kueue-"))
-        self.proc: subprocess.Popen[bytes] | None = None
         self.health_port = 0
         self.extra_config = extra_config or {}  # more of Kueue's Configuration (MultiKueue's, say)
 
@@ -208,57 +217,22 @@ class LocalKueue:
                 | self.extra_config
             )
         )
-        log = open(self.dir / "kueue.log", "ab")  # noqa: SIM115 - owned by the child
         # A mount namespace of its own, where Kueue's fixed metrics certificate path is this run's directory.
         script = (
             f"mkdir -p {METRICS_CERT_PATH} && mount --bind {self.dir / 'metrics'} {METRICS_CERT_PATH} && "
             f"exec {out / 'bin' / 'kueue'} --config={config} --zap-log-level=2 "
             "--feature-gates=VisibilityOnDemand=false"
         )
-        self.proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "KUBECONFIG": self.kubeconfig},
-            start_new_session=True,
-        )
-        log.close()
-        self._wait(lambda: self._http_ok(f"http://127.0.0.1:{self.health_port}/readyz"), "Kueue ready", timeout)
-        self._wait(lambda: self._tls_up(webhook_port), "Kueue's webhook server", timeout)
+        self.launch(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], self.kubeconfig)
+        self.wait_until(lambda: _http_ok(f"http://127.0.0.1:{self.health_port}/readyz"), "Kueue ready", timeout)
+        # It answered at all: the server is up (the path is not one it serves).
+        self.wait_until(lambda: https_answers(webhook_port, any_status=True), "Kueue's webhook server", timeout)
         self._apply(
             webhook_configurations(
                 (out / "webhook" / "manifests.yaml").read_text(), url=url, ca_bundle=ca_bundle, managed=self.managed
             )
         )
         return self
-
-    def _wait(self, ready: Any, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            self.check()
-            if time.monotonic() > deadline:
-                raise KueueError(f"{what}: not after {timeout:.0f}s; last lines of its log:\n{self.log_tail()}")
-            time.sleep(0.3)
-
-    @staticmethod
-    def _http_ok(url: str) -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    @staticmethod
-    def _tls_up(port: int) -> bool:
-        return https_answers(port, any_status=True)  # it answered: the server is up (the path is not one it serves)
-
-    def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise KueueError(f"kueue exited with {self.proc.returncode}; last lines of its log:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 60) -> str:
-        return log_tail(self.dir / "kueue.log", lines)
 
     def stop(self) -> None:
         """Stop Kueue, and remove its webhook configurations first (they fail closed without it)."""
@@ -268,5 +242,4 @@ class LocalKueue:
         ):
             with contextlib.suppress(KueueError):
                 self._kubectl("delete", kind, "--ignore-not-found", name)
-        stop_group(self.proc)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().stop()
