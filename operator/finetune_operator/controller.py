@@ -278,14 +278,16 @@ class Controller:
             if pvc is not None:
                 claims[claim] = pvc
         queue_topology = None
-        if spec.topology is not None:  # the queue's Kueue objects, read only for a job that asks for a topology
+        if spec.topology is not None and job.status.start_time is None:
+            # the queue's Kueue objects: for a job that asks for a topology, judged once, before its first pod
             queue_topology = placement.read_queue_topology(
                 lambda plural, name, ns: self.kube.get_kueue(plural, name, ns), job.ref.namespace, spec.queue_name
             )
             if queue_topology.unreadable and not self._kueue_forbidden:
                 log.warning(
-                    "the operator may not read Kueue's queues, flavors or Topologies: spec.topology is not checked "
-                    "before a job starts; install the chart with kueue.enabled=true"
+                    "cannot read Kueue's queues, flavors or Topologies (%s): spec.topology is not checked before a "
+                    "job starts; that needs Kueue v0.15 or later and the chart's kueue.enabled=true",
+                    queue_topology.problem,
                 )
                 self._kueue_forbidden = True
         held = None

@@ -21,7 +21,9 @@ from datetime import datetime
 from typing import Any
 
 MANAGED_BY = "kueue.x-k8s.io/multikueue"
-PREBUILT_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+# The Workload MultiKueue admitted a worker's copy as: an annotation from Kueue v0.18 (its WorkloadIdentifierAnnotations
+# gate, on by default), a label before (jobframework.SetPrebuiltWorkloadName); both are read, the annotation first.
+PREBUILT_KEY = "kueue.x-k8s.io/prebuilt-workload-name"
 ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"  # on what MultiKueue creates on a worker: the copy, its Workload
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 KIND = "Workload"
@@ -51,10 +53,11 @@ def workload(
     }
 
 
-def claimed(job_labels: dict[str, str]) -> str | None:
-    """The Workload a job says MultiKueue admitted it as: both labels MultiKueue puts on a worker's copy, or None."""
-    name = job_labels.get(PREBUILT_LABEL)
-    return name if name and job_labels.get(ORIGIN_LABEL) else None
+def claimed(labels: dict[str, str], annotations: dict[str, str]) -> str | None:
+    """The Workload a job says MultiKueue admitted it as (the marks MultiKueue puts on a worker's copy: its origin
+    label and the Workload's name), or None."""
+    name = annotations.get(PREBUILT_KEY) or labels.get(PREBUILT_KEY)
+    return name if name and labels.get(ORIGIN_LABEL) else None
 
 
 def admitted_copy(workload: dict[str, Any] | None, nodes: int) -> bool:

@@ -104,13 +104,15 @@ def pod_annotations(topology: Topology | None, rank_label: str) -> dict[str, str
 @dataclass(frozen=True)
 class QueueTopology:
     """What the job's queue offers: ``levels`` per topology-aware ResourceFlavor of its ClusterQueue; ``problem`` says
-    what is missing (None: all was read); ``unreadable``: the operator may not read Kueue's objects."""
+    what is missing (None: all was read); ``unreadable``: the operator may not read Kueue's objects, or this API server
+    does not serve them (``problem`` then says which)."""
 
     queue: str
     cluster_queue: str | None = None
     levels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     problem: str | None = None
     unreadable: bool = False
+    no_queue: bool = False  # the job's LocalQueue is not there: spec.queueName is what to fix
 
 
 def read_queue_topology(
@@ -124,11 +126,14 @@ def read_queue_topology(
         lq = get("localqueues", name, namespace)
         if lq is None:
             how = "" if queue else " (spec.queueName is not set, so the namespace's LocalQueue default)"
-            return QueueTopology(name, problem=f"LocalQueue {name} does not exist in namespace {namespace}{how}")
+            problem = f"LocalQueue {name} does not exist in namespace {namespace}{how}"
+            return QueueTopology(name, problem=problem, no_queue=True)
         cq_name = str((lq.get("spec") or {}).get("clusterQueue") or "")
-        cq = get("clusterqueues", cq_name, None) if cq_name else None
+        if not cq_name:
+            return QueueTopology(name, problem=f"LocalQueue {name} names no ClusterQueue")
+        cq = get("clusterqueues", cq_name, None)
         if cq is None:
-            return QueueTopology(name, cq_name, problem=f"ClusterQueue {cq_name!r} of LocalQueue {name} does not exist")
+            return QueueTopology(name, cq_name, problem=f"ClusterQueue {cq_name} of LocalQueue {name} does not exist")
         flavors = [
             str(fl.get("name"))
             for group in (cq.get("spec") or {}).get("resourceGroups") or []
@@ -136,7 +141,11 @@ def read_queue_topology(
         ]
         levels: dict[str, tuple[str, ...]] = {}
         for flavor in dict.fromkeys(flavors):
-            rf = get("resourceflavors", flavor, None) or {}
+            rf = get("resourceflavors", flavor, None)
+            if rf is None:
+                return QueueTopology(
+                    name, cq_name, problem=f"ResourceFlavor {flavor} of ClusterQueue {cq_name} does not exist"
+                )
             topology_name = (rf.get("spec") or {}).get("topologyName")
             if not topology_name:
                 continue
@@ -147,8 +156,8 @@ def read_queue_topology(
                 )
             levels[flavor] = tuple(str(lv.get("nodeLabel")) for lv in (topology.get("spec") or {}).get("levels") or [])
         return QueueTopology(name, cq_name, levels)
-    except PermissionError:
-        return QueueTopology(name, unreadable=True)
+    except PermissionError as e:
+        return QueueTopology(name, problem=str(e), unreadable=True)
 
 
 def check(topology: Topology | None, qt: QueueTopology | None) -> str | None:
@@ -161,6 +170,8 @@ def check(topology: Topology | None, qt: QueueTopology | None) -> str | None:
         "; place the job in a queue whose ClusterQueue has a ResourceFlavor with spec.topologyName "
         "(docs/placement.md), or remove spec.topology"
     )
+    if qt.no_queue:
+        return f"spec.queueName: Kueue cannot place the job ({f}): {qt.problem}; name the job's LocalQueue"
     if qt.problem is not None:
         return f"{f}: Kueue cannot place the job: {qt.problem}{fix}"
     if not qt.levels:

@@ -185,11 +185,16 @@ class _Pass:
             if before is None or not before.status:
                 self.event("Warning", "TTLHeld", message)
             return
-        remaining = float(ttl) - (self.now - done).total_seconds()
-        if remaining <= 0:
-            self.plan.delete_job = True
-        else:
-            self.plan.requeue_after = remaining
+        _expire(self.plan, ttl, done, self.now)
+
+
+def _expire(plan: Plan, ttl: int, done: datetime, now: datetime) -> None:
+    """spec.ttlSecondsAfterFinished of a job that finished at ``done``: delete it once passed, else look again then."""
+    remaining = float(ttl) - (now - done).total_seconds()
+    if remaining <= 0:
+        plan.delete_job = True
+    else:
+        plan.requeue_after = remaining
 
 
 def decide(
@@ -204,7 +209,7 @@ def decide(
     """One reconcile decision. ``progress`` is what was just scraped from rank 0 (None: not scraped);
     ``observed`` is what the controller read for the checks before an attempt starts (claims, namespace use)."""
     if job.dispatched:  # MultiKueue runs it on a worker: its Workload here, and nothing else
-        return _dispatched(job, settings, observed or Observed())
+        return _dispatched(job, settings, observed or Observed(), now)
     st = copy.deepcopy(job.status)
     st.observed_generation = job.generation
     observed = observed or Observed()
@@ -223,24 +228,36 @@ def decide(
     # The gang's PodDisruptionBudget lives while the job can run: it goes when the job stops or finishes.
     if job.pdb_enabled and st.state != p.was and st.state in (*TERMINAL, SUSPENDED):
         p.plan.delete_objects.append(("PodDisruptionBudget", job.ref.name))
-    if st.state != p.was and st.state in (*TERMINAL, SUSPENDED) and job.spec is not None:
-        _delete_pod_groups(p, job.spec, (job.status.attempt, st.attempt))
+    if st.state != p.was and st.state in (*TERMINAL, SUSPENDED):
+        # The current attempt's group, and the previous one's where the job ends between two attempts.
+        _delete_pod_groups(p, (job.status.attempt - 1, job.status.attempt, st.attempt))
     if job.prebuilt_workload and st.state in TERMINAL:  # the worker's quota back, and the manager told
         message = st.failure.message if st.failure is not None else ""
         p.plan.finish_workload = multikueue.finished(job.prebuilt_workload, st.state or "", message, now)
     return p.plan
 
 
-def _dispatched(job: Job, settings: Settings, observed: Observed) -> Plan:
+def _dispatched(job: Job, settings: Settings, observed: Observed, now: datetime) -> Plan:
     """A manager's job with spec.managedBy: its Workload, shaped by its runtime as its pods would be (what the queues
     count), while it has not finished; suspended, the Workload goes (MultiKueue then deletes the worker's copy), and
-    resuming makes it again, a new dispatch. Its status is the worker's copy's, which MultiKueue writes."""
+    resuming makes it again, a new dispatch. Its status is the worker's copy's, which MultiKueue writes; finished,
+    its ttlSecondsAfterFinished counts from the copy's completionTime."""
     plan = Plan(status=job.status, keep_status=True)
     assert job.spec is not None
     name = multikueue.workload_name(job.ref.name, job.ref.uid)
     if job.spec.suspend:
         plan.delete_objects.append((multikueue.KIND, name))
-    elif job.status.state not in TERMINAL:
+        if job.status.state != SUSPENDED:  # MultiKueue copies nothing once the worker's copy is gone: said here
+            _dispatch_state(
+                plan, job, SUSPENDED, "spec.suspend is true: its Workload deleted, and with it the worker's copy", now
+            )
+    elif job.status.state in TERMINAL:
+        ttl, done = job.ttl_seconds_after_finished, job.status.completion_time
+        if ttl is not None and done is not None:
+            _expire(plan, ttl, done, now)
+    else:
+        if job.status.state == SUSPENDED:  # resumed: a new dispatch, whose worker's status replaces this one
+            _dispatch_state(plan, job, PENDING, "resumed: dispatched again through MultiKueue", now)
         try:
             eff = runtimes.resolve(job.raw_spec, observed.runtime or runtimes.Choice(None, "none"), settings)
             spec, settings = eff.spec, eff.settings
@@ -248,6 +265,16 @@ def _dispatched(job: Job, settings: Settings, observed: Observed) -> Plan:
             spec = job.spec  # the worker's operator judges the job (and says why in the status MultiKueue copies)
         plan.create.append(build_workload(job.ref, spec, settings=settings))
     return plan
+
+
+def _dispatch_state(plan: Plan, job: Job, state: str, message: str, now: datetime) -> None:
+    """A dispatched job's own status write: suspended or resumed on the manager, where MultiKueue copies none."""
+    plan.status = copy.deepcopy(job.status)
+    plan.status.ready_nodes = 0
+    reason = "Suspended" if state == SUSPENDED else "Resumed"
+    plan.status.set_state(state, now=now, reason=reason, message=message)
+    plan.keep_status = False
+    plan.events.append(Event("Normal", reason, message))
 
 
 def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed) -> None:
@@ -282,14 +309,19 @@ def _decide(p: _Pass, gang: Gang, progress: Progress | None, observed: Observed)
 # -- the phases -------------------------------------------------------------------------------------------------
 
 
-def _delete_pod_groups(p: _Pass, spec: JobSpec, attempts: tuple[int, ...]) -> None:
-    """The PodGroups of ``attempts`` for the job's gang scheduler (none without one): an attempt that ended, the job
-    finished or suspended. Gone already is fine; deleting the job deletes any left (owner references)."""
-    scheduler = gang_of(spec, p.settings)
+def _delete_pod_groups(p: _Pass, attempts: tuple[int, ...]) -> None:
+    """The PodGroups of ``attempts`` (an attempt that ended, the job finished or suspended), of the gang scheduler the
+    job's last admitted attempt used (a runtime's included; none without one). Gone already is fine; deleting the job
+    deletes any left (owner references)."""
+    try:
+        spec: JobSpec | None = runtimes.last_admitted_spec(p.job.wire)
+    except SpecError:
+        spec = p.job.spec
+    scheduler = gang_of(spec, p.settings) if spec is not None else None
     if scheduler is None:
         return
     key = resource_key(KIND, API[scheduler.scheduler])
-    for attempt in sorted(set(attempts)):
+    for attempt in sorted({a for a in attempts if a >= 0}):
         p.plan.delete_objects.append((key, pod_group_name(p.job.ref, attempt)))
 
 
@@ -411,7 +443,11 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
     if claims is not None:
         _refuse(p, gang.mine, reason=claims.reason, message=claims.message)
         return
-    if st.start_time is None and (unplaceable := placement.check(spec.topology, observed.queue_topology)):
+    if (
+        st.start_time is None
+        and not spec.admitted_as
+        and (unplaceable := placement.check(spec.topology, observed.queue_topology))
+    ):
         # judged once, before the first pod: a queue edited while a job runs never fails it at a restart
         _refuse(p, gang.mine, reason="InvalidSpec", message=unplaceable)
         return
@@ -443,8 +479,8 @@ def _start_attempt(p: _Pass, spec: JobSpec, gang: Gang, observed: Observed) -> N
         )
         if o is not None
     ]
-    if group is not None and st.attempt > 0:  # the previous attempt's group (its ranks are gone)
-        _delete_pod_groups(p, spec, (st.attempt - 1,))
+    if st.attempt > 0:  # the previous attempt's group (its ranks are gone), whichever scheduler this one uses
+        _delete_pod_groups(p, (st.attempt - 1,))
     p.plan.create = [*extra, build_service(ref), build_config_map(ref, spec), *missing]
     st.attempt_start_time = now
     st.admission_retry_time = None

@@ -523,6 +523,18 @@ def spec_of(wire: dict[str, Any], *, held: bool = False) -> JobSpec:
         )
     ):  # not admitted yet, or between attempts: the next one reads its runtime again
         return parse_spec(raw, complete=False)
+    return _admitted(raw, admitted)
+
+
+def last_admitted_spec(wire: dict[str, Any]) -> JobSpec:
+    """The spec the job's last admitted attempt was built from (``status.runtime``'s template merged in), whichever
+    attempt is current now: what that attempt's pods and PodGroup were made with, for their clean-up. The job's own
+    spec before any attempt was admitted. Raises :class:`SpecError`."""
+    raw, admitted = wire.get("spec") or {}, (wire.get("status") or {}).get("runtime")
+    return _admitted(raw, admitted) if isinstance(admitted, dict) else parse_spec(raw, complete=False)
+
+
+def _admitted(raw: dict[str, Any], admitted: dict[str, Any]) -> JobSpec:
     merged = merge(raw, admitted.get("template") or {})[0]
     if isinstance(admitted.get("resources"), dict):  # what the pods were admitted with (spec_of's callers count it)
         merged["resources"] = admitted["resources"]

@@ -65,7 +65,7 @@ def read_job(wire: dict[str, Any]) -> Job:
         spec = spec_of(wire)  # with the runtime template its attempt was admitted with
     except (SpecError, KeyError, TypeError, ValueError) as e:
         error = str(e)
-    prebuilt = claimed(meta.get("labels") or {})
+    prebuilt = claimed(meta.get("labels") or {}, meta.get("annotations") or {})
     ttl = raw_spec.get("ttlSecondsAfterFinished")
     return Job(
         ref=JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]),

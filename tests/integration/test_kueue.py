@@ -441,7 +441,8 @@ def test_a_topology_the_queue_cannot_honour_is_refused_before_any_pod(tas: TasTi
     missing = gpu_job("lost", nodes=1).set("queueName", "nowhere").set("topology", {"preferred": BLOCK}).build()
     tas.jobs.create(missing)
     st = tas.jobs.wait_state("lost", "Failed", timeout=60)
-    assert "spec.topology.preferred" in st["failure"]["message"] and "LocalQueue nowhere" in st["failure"]["message"]
+    assert st["failure"]["message"].startswith("spec.queueName: Kueue cannot place the job (spec.topology.preferred)")
+    assert "LocalQueue nowhere does not exist" in st["failure"]["message"], st
     plain_cq = f"plain-{tas.jobs.ns}"
     create_cluster_queue(api, plain_cq, tas.jobs.ns, {"nvidia.com/gpu": "8"})  # the flavor without a topology
     create_local_queue(api, tas.jobs.ns, "plain", cluster_queue=plain_cq)

@@ -1,6 +1,6 @@
 """Dispatch across clusters with Kueue's MultiKueue: a FineTuneJob with ``spec.managedBy: kueue.x-k8s.io/multikueue``
-submitted to a manager cluster runs on a worker cluster, its status shows on the manager, and deleting it on the
-manager removes the worker's copy.
+submitted to a manager cluster runs on a worker cluster, its status shows on the manager, deleting it on the
+manager removes the worker's copy, and suspending it there removes the copy until it is resumed.
 
 Real: two control planes (kube-apiserver, etcd, kube-controller-manager), a real Kueue on each (hack/kueue; the
 manager's with MultiKueue's generic adapter for FineTuneJob, ``multiKueue.externalFrameworks``), the MultiKueue
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from finetune_operator.multikueue import MANAGED_BY, PREBUILT_LABEL, workload_name
+from finetune_operator.multikueue import MANAGED_BY, PREBUILT_KEY, workload_name
 from kubernetes import client, config
 
 from hack.kueue import NAMESPACE as KUEUE_NAMESPACE
@@ -196,7 +196,10 @@ def test_a_job_submitted_to_the_manager_runs_on_the_worker_and_its_status_shows_
     ranks = worker.jobs.wait_pods("remote", 2, timeout=120)
     placed = time.monotonic() - submitted
     copy = worker.jobs.get("remote")
-    assert copy["metadata"]["labels"][PREBUILT_LABEL] == wl and "managedBy" not in copy["spec"], copy["metadata"]
+    meta = copy["metadata"]
+    # the Workload's name: a label with Kueue v0.17, an annotation from v0.18
+    named = (meta.get("annotations") or {}).get(PREBUILT_KEY) or meta["labels"].get(PREBUILT_KEY)
+    assert named == wl and "managedBy" not in copy["spec"], meta
     assert not manager.jobs.live_pods("remote")  # the manager runs nothing
     for pod in ranks:
         assert "kueue.x-k8s.io/queue-name" not in pod.metadata.labels  # admitted already, as the Workload
@@ -235,3 +238,31 @@ def test_deleting_the_job_on_the_manager_removes_the_workers_copy(manager: Side,
 
     wait_for(lambda: absent(worker, "gone"), timeout=90, what="the worker's copy deleted")
     wait_for(lambda: not worker.jobs.live_pods("gone"), timeout=60, what="its ranks gone")
+
+
+def test_suspending_on_the_manager_removes_the_copy_and_resuming_dispatches_again(
+    manager: Side, worker: Side, operators: Any
+) -> None:
+    """Suspended, the manager's Workload goes (the operator deletes it), MultiKueue removes the worker's copy, and the
+    manager's job says Suspended; resumed, a new Workload is dispatched and the worker runs a new copy."""
+    co = client.CustomObjectsApi(manager.api)
+    job = manager.jobs.create(dispatched("paused", nodes=1))
+    wl = workload_name("paused", job["metadata"]["uid"])
+    (first,) = worker.jobs.wait_pods("paused", 1, timeout=120)
+    co.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "paused", {"spec": {"suspend": True}})
+    wait_for(lambda: absent(worker, "paused"), timeout=90, what="the worker's copy removed")
+    manager.jobs.wait_state("paused", "Suspended", timeout=60)
+
+    def workload_gone() -> bool:
+        try:
+            co.get_namespaced_custom_object(*KQ, NS, "workloads", wl)
+        except client.exceptions.ApiException as e:
+            return e.status == 404
+        return False
+
+    assert workload_gone()
+    co.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "paused", {"spec": {"suspend": False}})
+    (again,) = worker.jobs.wait_pods("paused", 1, timeout=120)
+    assert again.metadata.uid != first.metadata.uid  # a new copy's rank
+    co.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "paused")
+    wait_for(lambda: absent(worker, "paused"), timeout=90, what="the worker's copy deleted")

@@ -123,3 +123,21 @@ def test_a_gang_schedulers_name_is_judged_by_the_schedulers_allowlist() -> None:
     refused = guardrails.check(REF, spec, allowed)
     assert refused is not None and refused.message.startswith("spec.gangScheduling.schedulerName: rogue is not allowed")
     assert guardrails.check(REF, parse_spec(base_spec(gangScheduling={"scheduler": "volcano"})), allowed) is None
+
+
+def test_a_job_ending_between_attempts_deletes_the_last_groups_of_the_scheduler_its_runtime_named() -> None:
+    """A runtime gave attempt 1 a Volcano group; the gang restarted (attempt 2 not started yet) and the job is then
+    suspended, or attempt 2 starts without a gang scheduler: attempt 1's group goes all the same, as Volcano's."""
+    restarting = {
+        "attempt": 2,
+        "state": "Restarting",
+        "startTime": "2026-01-01T00:00:00Z",
+        "runtime": {"attempt": 1, "template": {"gangScheduling": {"scheduler": "volcano"}}},
+    }
+    held = decided(job(restarting, nodes=2, suspend=True))
+    assert held.status.state == "Suspended", held.status
+    volcano = "PodGroup.scheduling.volcano.sh"
+    assert (volcano, pod_group_name(REF, 1)) in held.delete_objects, held.delete_objects
+    started = decided(job(restarting, nodes=2))
+    assert started.status.attempt_start_time is not None and not any(o["kind"] == "PodGroup" for o in started.create)
+    assert (volcano, pod_group_name(REF, 1)) in started.delete_objects, started.delete_objects

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from finetune_operator.admission import Observed
-from finetune_operator.multikueue import MANAGED_BY, ORIGIN_LABEL, PREBUILT_LABEL, admitted_copy, workload_name
+from finetune_operator.multikueue import MANAGED_BY, ORIGIN_LABEL, PREBUILT_KEY, admitted_copy, workload_name
 from finetune_operator.spec import SpecError, parse_spec
 from finetune_operator.state import read_job
 
@@ -44,7 +44,7 @@ def test_on_the_manager_the_job_is_its_workload_and_nothing_else() -> None:
 
 def worker_copy(status: Any = None, **spec: Any) -> dict[str, Any]:
     wire = job(status, nodes=2, queueName="team", **spec)
-    wire["metadata"]["labels"] = {PREBUILT_LABEL: "finetunejob-ft-uid-1", ORIGIN_LABEL: "multikueue"}
+    wire["metadata"]["labels"] = {PREBUILT_KEY: "finetunejob-ft-uid-1", ORIGIN_LABEL: "multikueue"}
     return wire
 
 
@@ -60,8 +60,21 @@ def test_on_the_worker_the_copy_runs_outside_kueues_queues_once_its_workload_is_
     assert read_job(worker_copy()).spec.queue_name == "team"  # type: ignore[union-attr]  # its guardrails see it
     assert queue_labels(decided(worker_copy())) == ["team", "team"]
     forged = job(nodes=2, queueName="team")
-    forged["metadata"]["labels"] = {PREBUILT_LABEL: "someone-elses"}
+    forged["metadata"]["labels"] = {PREBUILT_KEY: "someone-elses"}
     assert read_job(forged).prebuilt_workload is None
+
+
+def test_the_copys_workload_is_named_by_kueues_annotation_or_its_earlier_label() -> None:
+    """Kueue v0.18 names the Workload in an annotation (WorkloadIdentifierAnnotations, on by default), earlier ones
+    in a label; the annotation wins where both are set. Either way the origin label makes it MultiKueue's copy."""
+    annotated = job(nodes=2, queueName="team")
+    annotated["metadata"]["labels"] = {ORIGIN_LABEL: "multikueue"}
+    annotated["metadata"]["annotations"] = {PREBUILT_KEY: "finetunejob-ft-uid-1"}
+    assert read_job(annotated).prebuilt_workload == "finetunejob-ft-uid-1"
+    annotated["metadata"]["labels"][PREBUILT_KEY] = "older"
+    assert read_job(annotated).prebuilt_workload == "finetunejob-ft-uid-1"
+    del annotated["metadata"]["labels"][ORIGIN_LABEL]
+    assert read_job(annotated).prebuilt_workload is None
 
 
 def test_a_workload_is_a_copys_only_if_multikueue_made_it_for_that_size_and_kueue_admitted_it() -> None:
@@ -80,10 +93,30 @@ def test_a_workload_is_a_copys_only_if_multikueue_made_it_for_that_size_and_kueu
 
 
 def test_the_managers_workload_goes_when_suspended_and_is_not_made_again_once_finished() -> None:
-    suspended = decided(job(nodes=2, managedBy=MANAGED_BY, queueName="team", suspend=True))
+    """Suspending deletes the Workload (MultiKueue then removes the worker's copy, whose status stops flowing): the
+    manager says Suspended itself, once; resuming dispatches again and says so until the worker's status comes."""
+    suspended = decided(job(STARTED, nodes=2, managedBy=MANAGED_BY, queueName="team", suspend=True))
     assert not suspended.create and suspended.delete_objects == [("Workload", workload_name("ft", "uid-1"))]
+    assert not suspended.keep_status and suspended.status.state == "Suspended", suspended.status
+    assert [e.reason for e in suspended.events] == ["Suspended"]
+    again = decided(job(suspended.status, nodes=2, managedBy=MANAGED_BY, queueName="team", suspend=True))
+    assert again.keep_status and again.delete_objects == suspended.delete_objects and not again.events
+    resumed = decided(job(suspended.status, nodes=2, managedBy=MANAGED_BY, queueName="team"))
+    assert [o["kind"] for o in resumed.create] == ["Workload"] and resumed.status.state == "Pending"
+    assert not resumed.keep_status and resumed.status.condition("Suspended").status is False  # type: ignore[union-attr]
     done = decided(job({"state": "Succeeded"}, nodes=2, managedBy=MANAGED_BY, queueName="team"))
     assert not done.create and done.keep_status
+
+
+def test_the_managers_job_is_deleted_its_ttl_after_the_copy_finished() -> None:
+    """ttlSecondsAfterFinished counts from the completionTime MultiKueue copied from the worker."""
+    finished = {"state": "Succeeded", "completionTime": "2026-11-30T11:59:00Z"}
+    waits = decided(job(finished, nodes=2, managedBy=MANAGED_BY, queueName="team", ttlSecondsAfterFinished=100))
+    assert not waits.delete_job and waits.requeue_after == 40.0 and waits.keep_status
+    gone = decided(job(finished, nodes=2, managedBy=MANAGED_BY, queueName="team", ttlSecondsAfterFinished=60))
+    assert gone.delete_job
+    kept = decided(job(finished, nodes=2, managedBy=MANAGED_BY, queueName="team"))
+    assert not kept.delete_job and kept.requeue_after is None
 
 
 def test_a_dispatched_job_holds_nothing_of_the_managers_namespace_limits() -> None:

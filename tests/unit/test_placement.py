@@ -110,7 +110,11 @@ def test_a_queue_that_cannot_place_the_job_is_named() -> None:
     plain = check(Topology("required", BLOCK), read_queue_topology(read(KUEUE), "ns", None))
     assert plain is not None and "ClusterQueue cpus (of LocalQueue default) has no topology-aware" in plain
     gone = check(Topology("required", BLOCK), read_queue_topology(read(KUEUE), "other", None))
-    assert gone is not None and "LocalQueue default does not exist in namespace other (spec.queueName" in gone
+    assert gone is not None and gone.startswith("spec.queueName: Kueue cannot place the job (spec.topology.required)")
+    assert "LocalQueue default does not exist in namespace other (spec.queueName is not set" in gone
+    flavorless = {k: v for k, v in KUEUE.items() if k[0] != "resourceflavors"}
+    lost_flavor = check(Topology("required", BLOCK), read_queue_topology(read(flavorless), "ns", "team"))
+    assert lost_flavor is not None and "ResourceFlavor h100 of ClusterQueue gpus does not exist" in lost_flavor
     broken = {k: v for k, v in KUEUE.items() if k[0] != "topologies"}
     lost = check(Topology("required", BLOCK), read_queue_topology(read(broken), "ns", "team"))
     assert lost is not None and "Topology dc of ResourceFlavor h100 does not exist" in lost
@@ -120,6 +124,7 @@ def test_a_queue_that_cannot_place_the_job_is_named() -> None:
 
     qt = read_queue_topology(forbidden, "ns", "team")
     assert qt.unreadable and check(Topology("required", BLOCK), qt) is None
+    assert qt.problem == "localqueues is forbidden"  # the controller's one warning says why
 
 
 def test_a_job_its_queue_cannot_place_fails_before_any_pod() -> None:

@@ -198,10 +198,11 @@ prove both that it suffices (the operator runs as this ServiceAccount) and that 
 {{- end }}
 {{- if .Values.kueue.enabled }}
 # Kueue's Workload of a queued attempt, read for its admission message (condition Queued); and with MultiKueue
-# (docs/placement.md) the Workload of a job with spec.managedBy, which the operator creates on the manager cluster.
+# (docs/placement.md) the Workload of a job with spec.managedBy, which the operator creates on the manager cluster
+# and deletes when the job is suspended (MultiKueue then removes the worker's copy).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, create]
+  verbs: [get, create, delete]
 # MultiKueue, on a worker cluster: the Workload a dispatched copy was admitted as is marked Finished when it ends.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
