@@ -507,8 +507,9 @@ class Controller:
             if self.store is not None and (unsent := [n for n in new_pods if n not in sent]):
                 self.store.unexpect(key, added=unsent)  # never created: no event will come for them
         status = plan.status.to_wire()  # serialised once: the write, and the test for "nothing changed"
-        if plan.keep_status:
-            pass  # MultiKueue writes this job's status (the worker's copy's)
+        if plan.keep_status:  # MultiKueue writes this job's status (the worker's copy's)
+            if plan.delete_objects or plan.delete_job:
+                self._confirm_current(job)  # as below: no delete from a stale read (a resume it has not seen)
         elif status != job.wire_status:
             # Carries the resourceVersion the pass read, so it is the precondition of every delete after it: a pass
             # from a stale store (after a leader change, a watch gap) gets a Conflict here and deletes nothing.

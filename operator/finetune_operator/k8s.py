@@ -312,13 +312,16 @@ class Kube:
 
     def get_kueue(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """One of Kueue's objects (a LocalQueue in ``namespace``; a ClusterQueue, ResourceFlavor or Topology), None
-        when absent; PermissionError when the operator may not read it (the chart's kueue.enabled), or when this API
-        server does not serve Kueue's v1beta2 (a Kueue before v0.15, or none): a 404 that is not the object's own."""
+        when absent. A 404 that is not the object's own: LookupError where the API server serves no Kueue at all,
+        PermissionError where it serves Kueue but not its v1beta2 (before v0.15); PermissionError also when the
+        operator may not read it (the chart's kueue.enabled)."""
         try:
             return self._read(_group(WORKLOAD_GROUP, WORKLOAD_VERSION, plural, namespace, name), absent_ok=False)
         except ApiError as e:
             if e.code == 404 and f'"{name}" not found' in e.message:
                 return None
+            if e.code == 404 and self._read(f"/apis/{WORKLOAD_GROUP}") is None:
+                raise LookupError(f"Kueue is not installed (the API server serves no {WORKLOAD_GROUP})") from e
             if e.code in (403, 404):
                 raise PermissionError(f"{plural}.{WORKLOAD_GROUP}/{WORKLOAD_VERSION}: {e.message}") from e
             raise

@@ -2,12 +2,13 @@
 adapter for custom jobs (``multiKueue.externalFrameworks: [{name: FineTuneJob.v1alpha1.finetune.dev}]``).
 
 On the manager cluster a job with ``spec.managedBy: kueue.x-k8s.io/multikueue`` runs nowhere: the operator creates
-its Workload (the job's ``spec.queueName``, one PodSet of ``spec.nodes`` trainer pods, owned by the job) and writes
-nothing else, not even the status, which MultiKueue copies whole from the worker's copy. Once the manager's
-ClusterQueue reserves quota and a worker's Kueue admits the copy of that Workload, MultiKueue creates the job on the
-worker without ``managedBy`` and labelled with the Workload's name (``kueue.x-k8s.io/prebuilt-workload-name``).
+its Workload (the job's ``spec.queueName``, one PodSet of ``spec.nodes`` trainer pods, owned by the job) and nothing
+else; the status is the worker's copy's, which MultiKueue copies whole (the operator writes it only when the job is
+suspended or resumed, when there is no copy to copy from). Once the manager's ClusterQueue reserves quota and a
+worker's Kueue admits the copy of that Workload, MultiKueue creates the job on the worker without ``managedBy``, with
+its origin label and the Workload's name (``kueue.x-k8s.io/prebuilt-workload-name``, a label or an annotation).
 
-On the worker that label says Kueue has admitted the job already, as that Workload: the operator runs it as any job
+On the worker those say Kueue has admitted the job already, as that Workload: the operator runs it as any job
 but keeps its pods out of Kueue's queues (no queue label), so its quota is counted once, and when the job finishes it
 marks the Workload ``Finished``, which gives the worker's quota back and tells the manager (MultiKueue then copies the
 final status and removes the worker's objects). Deleting the job on the manager deletes its Workload (owner

@@ -120,7 +120,8 @@ def read_queue_topology(
 ) -> QueueTopology:
     """Follow the job's LocalQueue (``queue``, else the namespace's ``default``) to its ClusterQueue, its flavors and
     their Topologies. ``get(plural, name, namespace)`` reads one of Kueue's objects (None: not found); it raises
-    PermissionError when the operator may not read them."""
+    PermissionError when the operator may not read them (or this Kueue does not serve them), LookupError when the
+    cluster has no Kueue."""
     name = queue or DEFAULT_QUEUE
     try:
         lq = get("localqueues", name, namespace)
@@ -158,6 +159,8 @@ def read_queue_topology(
         return QueueTopology(name, cq_name, levels)
     except PermissionError as e:
         return QueueTopology(name, problem=str(e), unreadable=True)
+    except LookupError as e:
+        return QueueTopology(name, problem=str(e))
 
 
 def check(topology: Topology | None, qt: QueueTopology | None) -> str | None:

@@ -245,16 +245,16 @@ def _dispatched(job: Job, settings: Settings, observed: Observed, now: datetime)
     plan = Plan(status=job.status, keep_status=True)
     assert job.spec is not None
     name = multikueue.workload_name(job.ref.name, job.ref.uid)
-    if job.spec.suspend:
+    if job.status.state in TERMINAL:  # finished on its worker: it stays so, suspended or not
+        ttl, done = job.ttl_seconds_after_finished, job.status.completion_time
+        if ttl is not None and done is not None:
+            _expire(plan, ttl, done, now)
+    elif job.spec.suspend:
         plan.delete_objects.append((multikueue.KIND, name))
         if job.status.state != SUSPENDED:  # MultiKueue copies nothing once the worker's copy is gone: said here
             _dispatch_state(
                 plan, job, SUSPENDED, "spec.suspend is true: its Workload deleted, and with it the worker's copy", now
             )
-    elif job.status.state in TERMINAL:
-        ttl, done = job.ttl_seconds_after_finished, job.status.completion_time
-        if ttl is not None and done is not None:
-            _expire(plan, ttl, done, now)
     else:
         if job.status.state == SUSPENDED:  # resumed: a new dispatch, whose worker's status replaces this one
             _dispatch_state(plan, job, PENDING, "resumed: dispatched again through MultiKueue", now)
@@ -270,6 +270,7 @@ def _dispatched(job: Job, settings: Settings, observed: Observed, now: datetime)
 def _dispatch_state(plan: Plan, job: Job, state: str, message: str, now: datetime) -> None:
     """A dispatched job's own status write: suspended or resumed on the manager, where MultiKueue copies none."""
     plan.status = copy.deepcopy(job.status)
+    plan.status.observed_generation = job.generation
     plan.status.ready_nodes = 0
     reason = "Suspended" if state == SUSPENDED else "Resumed"
     plan.status.set_state(state, now=now, reason=reason, message=message)
@@ -315,7 +316,7 @@ def _delete_pod_groups(p: _Pass, attempts: tuple[int, ...]) -> None:
     deletes any left (owner references)."""
     try:
         spec: JobSpec | None = runtimes.last_admitted_spec(p.job.wire)
-    except SpecError:
+    except (SpecError, KeyError, TypeError, ValueError):  # as state.read_job: a spec that does not parse
         spec = p.job.spec
     scheduler = gang_of(spec, p.settings) if spec is not None else None
     if scheduler is None:

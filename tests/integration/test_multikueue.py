@@ -260,7 +260,7 @@ def test_suspending_on_the_manager_removes_the_copy_and_resuming_dispatches_agai
             return e.status == 404
         return False
 
-    assert workload_gone()
+    wait_for(workload_gone, timeout=30, what="the manager's Workload deleted")
     co.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "paused", {"spec": {"suspend": False}})
     (again,) = worker.jobs.wait_pods("paused", 1, timeout=120)
     assert again.metadata.uid != first.metadata.uid  # a new copy's rank

@@ -106,6 +106,8 @@ def test_the_managers_workload_goes_when_suspended_and_is_not_made_again_once_fi
     assert not resumed.keep_status and resumed.status.condition("Suspended").status is False  # type: ignore[union-attr]
     done = decided(job({"state": "Succeeded"}, nodes=2, managedBy=MANAGED_BY, queueName="team"))
     assert not done.create and done.keep_status
+    late = decided(job({"state": "Succeeded"}, nodes=2, managedBy=MANAGED_BY, queueName="team", suspend=True))
+    assert late.keep_status and not late.delete_objects and not late.events  # finished stays finished
 
 
 def test_the_managers_job_is_deleted_its_ttl_after_the_copy_finished() -> None:

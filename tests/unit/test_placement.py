@@ -126,6 +126,12 @@ def test_a_queue_that_cannot_place_the_job_is_named() -> None:
     assert qt.unreadable and check(Topology("required", BLOCK), qt) is None
     assert qt.problem == "localqueues is forbidden"  # the controller's one warning says why
 
+    def no_kueue(plural: str, name: str, ns: str | None) -> dict[str, Any] | None:
+        raise LookupError("Kueue is not installed (the API server serves no kueue.x-k8s.io)")
+
+    nowhere = check(Topology("required", BLOCK), read_queue_topology(no_kueue, "ns", "team"))
+    assert nowhere is not None and nowhere.startswith("spec.topology.required: Kueue cannot place the job: Kueue is")
+
 
 def test_a_job_its_queue_cannot_place_fails_before_any_pod() -> None:
     qt = read_queue_topology(read(KUEUE), "ns", "team")
